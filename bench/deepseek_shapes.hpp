@@ -1,0 +1,41 @@
+// Synthetic attention weights with DeepSeek-V2-Lite's exact shapes (hidden 2048, 16 heads,
+// kv_lora_rank 512, qk_nope_head_dim 128, v_head_dim 128, 27 layers). K and V come from the
+// 512-wide latent c, so per head QK is Wq_h (2048×128)·W_uk,hᵀ (128×512) and VO is
+// W_uv,h (512×128)·Wo_h (128×2048). Gaussian entries with the usual 1/sqrt(fan_in) scale.
+#pragma once
+
+#include <random>
+#include <vector>
+
+#include <Eigen/Core>
+
+namespace bd_bench {
+
+struct DeepSeekV2Lite {
+  static constexpr int layers = 27, heads = 16, hidden = 2048, latent = 512, head_dim = 128;
+};
+
+struct AttentionLayerFactors {
+  std::vector<Eigen::MatrixXf> q, uk;  // QK: W = q[h]·uk[h]ᵀ (hidden × latent)
+  std::vector<Eigen::MatrixXf> uv, o;  // VO: W = uv[h]·o[h]ᵀ (latent × hidden)
+};
+
+inline Eigen::MatrixXf gaussian(Eigen::Index rows, Eigen::Index cols, float scale, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  return Eigen::MatrixXf::NullaryExpr(rows, cols, [&]() { return normal(rng); });
+}
+
+inline AttentionLayerFactors synthetic_layer(unsigned layer) {
+  using S = DeepSeekV2Lite;
+  std::mt19937_64 rng(1000 + layer);
+  AttentionLayerFactors f;
+  for (int h = 0; h < S::heads; ++h) {
+    f.q.push_back(gaussian(S::hidden, S::head_dim, 1.0f / std::sqrt(float(S::hidden)), rng));
+    f.uk.push_back(gaussian(S::latent, S::head_dim, 1.0f / std::sqrt(float(S::latent)), rng));
+    f.uv.push_back(gaussian(S::latent, S::head_dim, 1.0f / std::sqrt(float(S::latent)), rng));
+    f.o.push_back(gaussian(S::hidden, S::head_dim, 1.0f / std::sqrt(float(S::head_dim * S::heads)), rng));
+  }
+  return f;
+}
+
+}  // namespace bd_bench

@@ -1,0 +1,16 @@
+// bd/bd.hpp — umbrella header: everything bd offers on the CPU.
+//
+// Basis Decomposition: a rank-r product W = U·Vᵀ is r of its rows (the basis B) and the
+// coefficients C that rebuild the others, W = P·[I; C]·B. Stored that way it costs
+// r(m + n − r) numbers and x·W costs r fewer multiply-adds per output than the factors.
+#pragma once
+
+#define BD_VERSION_MAJOR 0
+#define BD_VERSION_MINOR 1
+#define BD_VERSION_PATCH 0
+
+#include "bd/core/decompose.hpp"
+#include "bd/core/decomposition.hpp"
+#include "bd/core/error.hpp"
+#include "bd/core/options.hpp"
+#include "bd/core/scalar.hpp"

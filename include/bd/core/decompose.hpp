@@ -1,0 +1,380 @@
+// bd/core/decompose.hpp — the entry points: decompose, decompose_product, decompose_shared.
+//
+//   bd::decompose<Scalar>(W, rank, opts)         a dense W of rank r
+//   bd::decompose_product<Scalar>(U, V, opts)    W = U·Vᵀ, prepared from the factors
+//   bd::decompose_shared<Scalar>(Us, Vs, opts)   one basis window for a set of products
+//                                                (every head of a layer: the paper's Alg. 3)
+//
+// All prepare in double and round the result once to Scalar (default: the input's scalar).
+// The column form is the row form of Wᵀ = V·Uᵀ, so one code path serves both.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+#include <Eigen/QR>
+#include <Eigen/SVD>
+
+#include "bd/core/basis_selection.hpp"
+#include "bd/core/coefficient_fit.hpp"
+#include "bd/core/decomposition.hpp"
+#include "bd/core/error.hpp"
+#include "bd/core/factored_product.hpp"
+#include "bd/core/options.hpp"
+#include "bd/core/parallel.hpp"
+#include "bd/core/rounding_floor.hpp"
+#include "bd/core/scalar.hpp"
+#include "bd/core/validate.hpp"
+
+namespace bd {
+namespace detail {
+
+/// Window candidates re-ranked by the exact rounding model after the sketch ranking.
+inline constexpr std::size_t exact_rerank = 4;
+
+inline std::string sci(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
+
+inline Basis window_kind(Index offset, Index m, Index r) {
+  if (offset == 0) return Basis::First;
+  if (offset == m - r) return Basis::Last;
+  return Basis::OffsetSearch;
+}
+
+/// Which basis rows every product uses, and how it was decided.
+struct Choice {
+  std::vector<std::vector<Index>> S;  ///< per product, ascending
+  std::vector<double> model;          ///< per product, the rounding model value (see basis_selection.hpp)
+  bool shared = true;
+  Basis chosen = Basis::First;
+  Index tried = 0, skipped = 0;
+};
+
+inline double relative(double value, double norm2) { return norm2 > 0 ? value / norm2 : 0.0; }
+
+/// One contiguous window for all products: the one whose mean estimated NMSE is lowest among
+/// the windows that are non-singular for every product.
+inline Choice choose_window(const std::vector<FactoredProduct>& ps, Basis basis, const Options& opts) {
+  const Index m = ps.front().m(), r = ps.front().r();
+  const Index heads = static_cast<Index>(ps.size());
+  const std::vector<Index> offsets = candidate_offsets(basis, m, r, opts.align, opts.offset);
+  const Index windows = static_cast<Index>(offsets.size());
+  const bool exact_all = offsets.size() <= exact_rerank;
+  std::vector<WindowScore> score(static_cast<std::size_t>(windows * heads));
+  auto at = [&](Index w, Index h) -> WindowScore& { return score[static_cast<std::size_t>(w * heads + h)]; };
+  parallel_for(windows * heads, [&](Index t) {
+    at(t / heads, t % heads) = score_window(ps[static_cast<std::size_t>(t % heads)], contiguous(offsets[t / heads], r), exact_all);
+  });
+
+  Choice choice;
+  choice.tried = windows;
+  std::vector<std::pair<double, Index>> ranked;  // (mean estimate, window)
+  std::string singular_note;
+  for (Index w = 0; w < windows; ++w) {
+    double mean = 0;
+    bool singular = false;
+    for (Index h = 0; h < heads && !singular; ++h) {
+      if (at(w, h).singular()) {
+        singular = true;
+        if (singular_note.empty())
+          singular_note = message(ps[static_cast<std::size_t>(h)].name, ", rows ", offsets[w], "..", offsets[w] + r - 1,
+                                  " (reciprocal condition ", sci(at(w, h).rcond), ")");
+      }
+      mean += relative(at(w, h).model, ps[static_cast<std::size_t>(h)].norm2) / static_cast<double>(heads);
+    }
+    if (singular) ++choice.skipped;
+    else ranked.emplace_back(mean, w);
+  }
+  if (ranked.empty() && windows == 1)
+    throw SingularBasisError(message("the ", to_string(basis), " basis block is singular or numerically rank-deficient: ",
+                                     singular_note, " < ", singular_rcond,
+                                     "; choose another window (offset-search, pivoted or auto skip such blocks) or "
+                                     "leave this product dense"));
+  if (ranked.empty())
+    throw SingularBasisError(message("no ", to_string(basis), " window is non-singular for every product: ", windows,
+                                     " tried, e.g. ", singular_note,
+                                     "; use Basis::Pivoted or Basis::Auto, or leave this layer dense"));
+  std::sort(ranked.begin(), ranked.end());
+  if (!exact_all) {
+    // The sketch has a relative spread of about sqrt(2/k); settle the best few exactly.
+    ranked.resize(std::min(ranked.size(), exact_rerank));
+    parallel_for(static_cast<Index>(ranked.size()) * heads, [&](Index t) {
+      const Index w = ranked[static_cast<std::size_t>(t / heads)].second, h = t % heads;
+      at(w, h) = score_window(ps[static_cast<std::size_t>(h)], contiguous(offsets[w], r), true);
+    });
+    for (auto& [mean, w] : ranked) {
+      mean = 0;
+      for (Index h = 0; h < heads; ++h)
+        mean += relative(at(w, h).model, ps[static_cast<std::size_t>(h)].norm2) / static_cast<double>(heads);
+    }
+    std::sort(ranked.begin(), ranked.end());
+  }
+  const Index best = ranked.front().second;
+  choice.S.assign(ps.size(), contiguous(offsets[best], r));
+  for (Index h = 0; h < heads; ++h) choice.model.push_back(at(best, h).model);
+  choice.chosen = basis == Basis::Window ? Basis::Window : window_kind(offsets[best], m, r);
+  return choice;
+}
+
+/// Each product its own r most independent rows.
+inline Choice choose_pivoted(const std::vector<FactoredProduct>& ps) {
+  Choice choice;
+  choice.shared = false;
+  choice.chosen = Basis::Pivoted;
+  choice.tried = 1;
+  choice.S.resize(ps.size());
+  choice.model.resize(ps.size());
+  parallel_for(static_cast<Index>(ps.size()), [&](Index h) {
+    const auto& p = ps[static_cast<std::size_t>(h)];
+    choice.S[static_cast<std::size_t>(h)] = pivoted_indices(p);
+    choice.model[static_cast<std::size_t>(h)] = score_window(p, choice.S[static_cast<std::size_t>(h)], true).model;
+  });
+  return choice;
+}
+
+template <typename Fitter>
+std::vector<BasisFit> fit_choice(const std::vector<FactoredProduct>& ps, const Choice& choice, Fitter&& fitter) {
+  std::vector<BasisFit> fits(ps.size());
+  parallel_for(static_cast<Index>(ps.size()), [&](Index h) {
+    fits[static_cast<std::size_t>(h)] = fitter(static_cast<std::size_t>(h), choice.S[static_cast<std::size_t>(h)]);
+  });
+  return fits;
+}
+
+inline double mean_nmse(const std::vector<FactoredProduct>& ps, const std::vector<BasisFit>& fits) {
+  double sum = 0;
+  for (std::size_t h = 0; h < ps.size(); ++h) sum += relative(fits[h].residual2, ps[h].norm2);
+  return sum / static_cast<double>(ps.size());
+}
+
+inline std::string describe(const Choice& c, Index m, Index r) {
+  if (!c.shared) return "per-product pivoted basis";
+  const Index o = c.S.front().front();
+  return message(to_string(window_kind(o, m, r)), " window at rows ", o, "..", o + r - 1);
+}
+
+/// The strategy's outcome for a set of products.
+struct Outcome {
+  Choice choice;
+  std::vector<BasisFit> fits;
+  std::string reason;
+};
+
+template <typename Scalar, typename Fitter>
+Outcome run_strategy(const std::vector<FactoredProduct>& ps, const std::vector<double>& floors, const Options& opts,
+                     Fitter&& fitter) {
+  const Index m = ps.front().m(), r = ps.front().r();
+  Outcome out;
+  if (opts.basis == Basis::Pivoted) {
+    out.choice = choose_pivoted(ps);
+  } else if (opts.basis != Basis::Auto) {
+    out.choice = choose_window(ps, opts.basis, opts);
+  }
+  if (opts.basis != Basis::Auto) {
+    out.fits = fit_choice(ps, out.choice, fitter);
+    out.reason = message(to_string(opts.basis), ": ", describe(out.choice, m, r), " (", out.choice.tried,
+                         " candidates ranked, ", out.choice.skipped, " singular skipped)");
+    return out;
+  }
+
+  // Auto: a shared window is cheapest (one slice of X for every head); accept the best one when
+  // its error is within the budget relative to rounding the dense product to Scalar.
+  double floor = 0;
+  for (double f : floors) floor += f / static_cast<double>(floors.size());
+  const char* type = scalar_traits<Scalar>::name;
+  const std::string budget = message("budget ", sci(opts.error_budget), "x the ", type, " rounding floor ", sci(floor));
+  std::string window_note;
+  try {
+    Outcome w;
+    w.choice = choose_window(ps, Basis::OffsetSearch, opts);
+    w.fits = fit_choice(ps, w.choice, fitter);
+    const double nmse = mean_nmse(ps, w.fits);
+    window_note = message(describe(w.choice, m, r), " gives NMSE ", sci(nmse), " = ", sci(nmse / floor), "x the floor");
+    if (nmse <= opts.error_budget * floor) {
+      w.reason = message("auto: ", window_note, ", within the ", budget);
+      return w;
+    }
+  } catch (const SingularBasisError& e) {
+    window_note = message("no shared window is usable (", e.what(), ")");
+  }
+  out.choice = choose_pivoted(ps);
+  out.fits = fit_choice(ps, out.choice, fitter);
+  const double nmse = mean_nmse(ps, out.fits);
+  out.reason = message("auto: ", window_note, ", over the ", budget, "; fell back to the per-product pivoted basis: NMSE ",
+                       sci(nmse), " = ", sci(nmse / floor), "x the floor",
+                       nmse <= opts.error_budget * floor ? "" : " (still over budget: the most accurate choice)");
+  return out;
+}
+
+inline void validate_options(const Options& opts) {
+  if (opts.align <= 0) throw RangeError(message("Options::align is ", opts.align, ": expected a positive window stride"));
+  if (opts.sketch_columns <= 0)
+    throw RangeError(message("Options::sketch_columns is ", opts.sketch_columns, ": expected at least 1"));
+  if (opts.basis == Basis::Auto && !(opts.error_budget > 0))
+    throw RangeError(message("Options::error_budget is ", opts.error_budget,
+                             ": expected a positive multiple of the rounding floor"));
+}
+
+template <typename Scalar>
+Decomposition<Scalar> assemble(const FactoredProduct& p, BasisFit fit, Side side, Index rows, Index cols,
+                               Report report) {
+  report.norm = std::sqrt(p.norm2);
+  report.residual = std::sqrt(fit.residual2);
+  report.nmse = p.norm2 > 0 ? fit.residual2 / p.norm2 : (fit.residual2 > 0 ? INFINITY : 0.0);
+  report.rcond = fit.rcond;
+  report.refitted = fit.refitted;
+  using M = typename Decomposition<Scalar>::Matrix;
+  M basis = round_matrix<Scalar>(fit.B), coeff = round_matrix<Scalar>(fit.C);  // exact: already rounded
+  if (side == Side::Col) {
+    basis.transposeInPlace();
+    coeff.transposeInPlace();
+  }
+  return Decomposition<Scalar>(side, rows, cols, std::move(fit.S), std::move(basis), std::move(coeff),
+                               std::move(report));
+}
+
+template <typename Scalar>
+std::vector<Decomposition<Scalar>> assemble_all(const std::vector<FactoredProduct>& ps, Outcome& out,
+                                                const std::vector<double>& floors, const Options& opts, Index rows,
+                                                Index cols, double truncation_nmse = 0) {
+  const double u2 = unit_roundoff<Scalar>() * unit_roundoff<Scalar>();
+  std::vector<Decomposition<Scalar>> heads;
+  heads.reserve(ps.size());
+  for (std::size_t h = 0; h < ps.size(); ++h) {
+    Report report;
+    report.requested = opts.basis;
+    report.chosen = out.choice.chosen;
+    report.estimate = relative(out.choice.model[h] * u2 / 3, ps[h].norm2);
+    report.floor_nmse = floors[h];
+    report.windows_tried = out.choice.tried;
+    report.windows_skipped = out.choice.skipped;
+    report.reason = out.reason;
+    report.truncation_nmse = truncation_nmse;
+    heads.push_back(assemble<Scalar>(ps[h], std::move(out.fits[h]), opts.side, rows, cols, std::move(report)));
+  }
+  return heads;
+}
+
+template <typename Scalar, typename Default>
+using stored_t = std::conditional_t<std::is_void_v<Scalar>, Default, Scalar>;
+
+}  // namespace detail
+
+/// One basis choice for products W_h = U_h·V_hᵀ of equal shape. Windows (First, Last,
+/// ResidualMin, OffsetSearch) are shared by every product, ranked by their mean estimated
+/// NMSE; Pivoted picks each product's own rows; Auto takes the best shared window when it
+/// meets Options::error_budget and per-product pivoting otherwise.
+template <typename Scalar = void, typename MatrixU, typename MatrixV>
+SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompose_shared(
+    const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, const Options& opts = {}) {
+  using Stored = detail::stored_t<Scalar, typename MatrixU::Scalar>;
+  static_assert(is_supported_scalar_v<Stored>, "bd stores double, float, Eigen::half or Eigen::bfloat16");
+  detail::validate_options(opts);
+  if (Us.empty() || Us.size() != Vs.size())
+    throw ShapeError(detail::message("decompose_shared: got ", Us.size(), " U factors and ", Vs.size(),
+                                     " V factors, expected the same positive number"));
+  const bool single = Us.size() == 1;
+  auto name = [&](std::size_t h) { return single ? std::string("W = U·Vᵀ") : detail::message("head ", h); };
+  const Index m = Us.front().rows(), n = Vs.front().rows(), r = Us.front().cols();
+  for (std::size_t h = 0; h < Us.size(); ++h) {
+    const std::string u = single ? "U" : detail::message("U[", h, "]"), v = single ? "V" : detail::message("V[", h, "]");
+    detail::require_nonempty(Us[h], u);
+    detail::require_nonempty(Vs[h], v);
+    if (Us[h].rows() != m || Us[h].cols() != r || Vs[h].rows() != n || Vs[h].cols() != r)
+      throw ShapeError(detail::message(u, " is ", detail::shape_of(Us[h]), " and ", v, " is ", detail::shape_of(Vs[h]),
+                                       ": expected ", m, "x", r, " and ", n, "x", r, " like the first product"));
+    detail::require_finite(Us[h], u);
+    detail::require_finite(Vs[h], v);
+  }
+  detail::require_rank(r, m, n, single ? "W = U·Vᵀ" : "every W_h = U_h·V_hᵀ");
+
+  const bool row = opts.side == Side::Row;
+  std::vector<detail::FactoredProduct> ps(Us.size());
+  std::vector<double> floors(Us.size());
+  detail::parallel_for(static_cast<Index>(Us.size()), [&](Index h) {
+    const auto i = static_cast<std::size_t>(h);
+    Eigen::MatrixXd U = Us[i].template cast<double>(), V = Vs[i].template cast<double>();
+    ps[i] = row ? detail::factor_product(std::move(U), std::move(V), opts, name(i))
+                : detail::factor_product(std::move(V), std::move(U), opts, name(i));
+    floors[i] = detail::rounding_floor<Stored>(ps[i], opts.seed + i);
+  });
+  auto fitter = [&](std::size_t h, std::vector<Index> S) {
+    return detail::fit_basis<Stored>(ps[h], std::move(S), opts.refit);
+  };
+  detail::Outcome out = detail::run_strategy<Stored>(ps, floors, opts, fitter);
+  const bool shared = out.choice.shared;
+  const Basis chosen = out.choice.chosen;
+  std::string reason = out.reason;
+  return SharedDecomposition<Stored>(detail::assemble_all<Stored>(ps, out, floors, opts, m, n), shared, opts.basis,
+                                     chosen, std::move(reason));
+}
+
+/// Decomposes W = U·Vᵀ (m×n, rank r = U.cols()) from its factors, never forming W: one r×r
+/// LU per candidate basis, Gram matrices for the exact residual. Scalar is the stored type.
+///
+/// \f[ \text{row: } W_{S,:} = B,\; W_{R,:} = C B \qquad \text{col: } W_{:,S} = B,\; W_{:,R} = B C \f]
+template <typename Scalar = void, typename DerivedU, typename DerivedV>
+Decomposition<detail::stored_t<Scalar, typename DerivedU::Scalar>> decompose_product(
+    const Eigen::MatrixBase<DerivedU>& U, const Eigen::MatrixBase<DerivedV>& V, const Options& opts = {}) {
+  using Stored = detail::stored_t<Scalar, typename DerivedU::Scalar>;
+  if (U.cols() != V.cols())
+    throw ShapeError(detail::message("factors disagree: U is ", detail::shape_of(U), " and V is ", detail::shape_of(V),
+                                     ", expected the same number of columns r (W = U·Vᵀ is m×n of rank r)"));
+  const std::vector<Eigen::MatrixXd> Us{U.template cast<double>()}, Vs{V.template cast<double>()};
+  return decompose_shared<Stored>(Us, Vs, opts).heads().front();
+}
+
+/// Decomposes a dense W whose rank is `rank`. The basis is made of W's own rows (columns),
+/// rounded once; the coefficients are the least-squares fit against the rounded basis. If W
+/// has more than `rank` significant singular values, their energy Σ_{i>r} σ_i²/‖W‖² is
+/// reported as Report::truncation_nmse: a floor under nmse, since BD is exact only for rank-r
+/// products (truncate with an SVD first when that is the intent).
+template <typename Scalar = void, typename Derived>
+Decomposition<detail::stored_t<Scalar, typename Derived::Scalar>> decompose(const Eigen::MatrixBase<Derived>& W,
+                                                                             Index rank, const Options& opts = {}) {
+  using Stored = detail::stored_t<Scalar, typename Derived::Scalar>;
+  static_assert(is_supported_scalar_v<Stored>, "bd stores double, float, Eigen::half or Eigen::bfloat16");
+  detail::validate_options(opts);
+  detail::require_nonempty(W, "W");
+  detail::require_finite(W, "W");
+  detail::require_rank(rank, W.rows(), W.cols(), "W");
+  const bool row = opts.side == Side::Row;
+  const Eigen::MatrixXd Wr = row ? Eigen::MatrixXd(W.template cast<double>())
+                                 : Eigen::MatrixXd(W.template cast<double>().transpose());
+  const Index m = Wr.rows();
+
+  // A rank-revealing factorisation W P = Q R gives the factors U = Q_r, V = P R_rᵀ that rank
+  // candidate bases; the tail of R is what no rank-r decomposition can represent.
+  Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(Wr);
+  if (qr.rank() < rank)
+    throw RangeError(detail::message("W (", detail::shape_of(W), ") has numerical rank ", qr.rank(),
+                                     ", below the requested rank ", rank,
+                                     ": any ", rank, " of its rows are dependent; use rank ", qr.rank()));
+  Eigen::MatrixXd U = qr.householderQ() * Eigen::MatrixXd::Identity(m, rank);
+  Eigen::MatrixXd Rtop = qr.matrixQR().topRows(rank).template triangularView<Eigen::Upper>();
+  Eigen::MatrixXd V = (Rtop * qr.colsPermutation().transpose()).transpose();
+  // What no rank-r matrix can represent: Σ_{i>r} σ_i², a lower bound on any BD's error.
+  const double energy = Wr.squaredNorm();
+  const Eigen::VectorXd sigma = Eigen::BDCSVD<Eigen::MatrixXd>(Wr).singularValues();
+  const double tail = sigma.tail(sigma.size() - rank).squaredNorm();
+
+  std::vector<detail::FactoredProduct> ps;
+  ps.push_back(detail::factor_product(std::move(U), std::move(V), opts, "W"));
+  ps.front().norm2 = energy;
+  const std::vector<double> floors{detail::rounding_floor<Stored>(Wr)};
+  auto fitter = [&](std::size_t h, std::vector<Index> S) {
+    return detail::fit_basis_dense<Stored>(Wr, ps[h], std::move(S), opts.refit);
+  };
+  detail::Outcome out = detail::run_strategy<Stored>(ps, floors, opts, fitter);
+  auto heads = detail::assemble_all<Stored>(ps, out, floors, opts, W.rows(), W.cols(), energy > 0 ? tail / energy : 0.0);
+  return std::move(heads.front());
+}
+
+}  // namespace bd

@@ -1,0 +1,101 @@
+// Helpers shared by bd's tests: seeded random factors, error measures, the shared folder.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <string>
+
+#include <Eigen/Core>
+#include <catch2/catch.hpp>
+
+#include <bd/bd.hpp>
+
+/// Checks that expr throws Type and that what() satisfies a string matcher.
+#define BD_CHECK_THROWS_CONTAINING(expr, Type, matcher) \
+  do {                                                 \
+    CHECK_THROWS_AS(expr, Type);                       \
+    CHECK_THROWS_WITH(expr, matcher);                  \
+  } while (0)
+
+namespace bd_test {
+
+/// A seeded standard Gaussian matrix (weights of a freshly initialised layer).
+inline Eigen::MatrixXd gaussian(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  return Eigen::MatrixXd::NullaryExpr(rows, cols, [&]() { return normal(rng); });
+}
+
+struct Product {
+  Eigen::MatrixXd U, V;
+  Eigen::MatrixXd W() const { return U * V.transpose(); }
+};
+
+inline Product random_product(Eigen::Index m, Eigen::Index n, Eigen::Index r, unsigned seed) {
+  return {gaussian(m, r, seed), gaussian(n, r, seed + 7919)};
+}
+
+/// ‖A − B‖²_F / ‖B‖²_F in double.
+template <typename DA, typename DB>
+double nmse(const Eigen::MatrixBase<DA>& approx, const Eigen::MatrixBase<DB>& exact) {
+  return (approx.template cast<double>() - exact.template cast<double>()).squaredNorm() /
+         exact.template cast<double>().squaredNorm();
+}
+
+/// Rebuilds W from basis(), coeff() and indices() by the identities alone — independent of
+/// Decomposition::reconstruct(): row form W[S] = B, W[R] = C·B; column form W[:,S] = B, W[:,R] = B·C.
+template <typename Scalar>
+Eigen::MatrixXd rebuild(const bd::Decomposition<Scalar>& d) {
+  const Eigen::MatrixXd B = d.basis().template cast<double>();
+  const Eigen::MatrixXd C = d.coeff().template cast<double>();
+  Eigen::MatrixXd W(d.rows(), d.cols());
+  const auto& S = d.indices();
+  const auto R = d.rest();
+  if (d.side() == bd::Side::Row) {
+    const Eigen::MatrixXd CB = C * B;
+    for (std::size_t k = 0; k < S.size(); ++k) W.row(S[k]) = B.row(static_cast<Eigen::Index>(k));
+    for (std::size_t k = 0; k < R.size(); ++k) W.row(R[k]) = CB.row(static_cast<Eigen::Index>(k));
+  } else {
+    const Eigen::MatrixXd BC = B * C;
+    for (std::size_t k = 0; k < S.size(); ++k) W.col(S[k]) = B.col(static_cast<Eigen::Index>(k));
+    for (std::size_t k = 0; k < R.size(); ++k) W.col(R[k]) = BC.col(static_cast<Eigen::Index>(k));
+  }
+  return W;
+}
+
+/// First-order bound on the NMSE of a decomposition stored in a type of unit roundoff u:
+/// each stored entry carries a relative error ≤ u, so |Ŵ_R − W_R| ≤ 2u·|C|·|B| entrywise and
+/// |Ŵ_S − W_S| ≤ u·|B|, hence ‖E‖² ≤ u²·(4‖|C||B|‖² + ‖B‖²). The factor 1.01 covers the
+/// second-order terms (u² relative).
+template <typename Scalar>
+double rounding_bound(const bd::Decomposition<Scalar>& d, double u) {
+  const Eigen::MatrixXd B = d.basis().template cast<double>().cwiseAbs();
+  const Eigen::MatrixXd C = d.coeff().template cast<double>().cwiseAbs();
+  const Eigen::MatrixXd CB = d.side() == bd::Side::Row ? Eigen::MatrixXd(C * B) : Eigen::MatrixXd(B * C);
+  return 1.01 * u * u * (4 * CB.squaredNorm() + B.squaredNorm()) / (d.report().norm * d.report().norm);
+}
+
+/// The folder beside the project root that holds the real model, or "" when absent.
+inline std::string shared_dir() {
+  if (const char* env = std::getenv("BD_SHARED_DIR")) return env;
+#ifdef BD_SHARED_DIR
+  return BD_SHARED_DIR;
+#else
+  return "";
+#endif
+}
+
+/// Exits with 77 (ctest: skipped) and says why, when the real model is absent.
+inline std::string require_model(const std::string& name) {
+  const std::string dir = shared_dir() + "/models/" + name;
+  if (!std::filesystem::exists(dir + "/model.safetensors")) {
+    std::cout << "SKIPPED: " << dir << "/model.safetensors not found; the real-model tests need the shared folder "
+              << "beside the project root (or BD_SHARED_DIR)\n";
+    std::exit(77);
+  }
+  return dir;
+}
+
+}  // namespace bd_test

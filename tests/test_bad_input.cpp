@@ -1,0 +1,147 @@
+// Bad input gets an exception whose message names the argument, what was found and what was
+// expected. Nothing is returned half-made.
+#include <limits>
+
+#include "support.hpp"
+
+using bd::Basis;
+using bd_test::random_product;
+using Catch::Contains;
+
+TEST_CASE("rank at or below zero is refused", "[bad-input]") {
+  const Eigen::MatrixXd W = random_product(10, 8, 3, 1).W();
+  CHECK_THROWS_MATCHES(bd::decompose(W, 0), bd::RangeError, Catch::Message(
+      "rank 0 is out of range for W (10x8): expected 0 < rank < min(m, n) = 8"));
+  CHECK_THROWS_AS(bd::decompose(W, -2), bd::RangeError);
+}
+
+TEST_CASE("rank at or above min(m, n) is refused: BD would save nothing", "[bad-input]") {
+  const Eigen::MatrixXd W = random_product(10, 8, 3, 1).W();
+  CHECK_THROWS_WITH(bd::decompose(W, 8), Contains("rank 8 is out of range") && Contains("min(m, n) = 8"));
+  const Eigen::MatrixXd U = bd_test::gaussian(10, 8, 1), V = bd_test::gaussian(8, 8, 2);
+  CHECK_THROWS_AS(bd::decompose_product(U, V), bd::RangeError);
+}
+
+TEST_CASE("a requested rank above W's numerical rank is refused", "[bad-input]") {
+  const Eigen::MatrixXd W = random_product(12, 10, 3, 1).W();
+  CHECK_THROWS_WITH(bd::decompose(W, 5), Contains("numerical rank 3") && Contains("use rank 3"));
+}
+
+TEST_CASE("factors whose shapes disagree are refused", "[bad-input]") {
+  const Eigen::MatrixXd U = bd_test::gaussian(10, 3, 1), V = bd_test::gaussian(8, 4, 2);
+  CHECK_THROWS_MATCHES(bd::decompose_product(U, V), bd::ShapeError,
+                       Catch::Message("factors disagree: U is 10x3 and V is 8x4, expected the same number of columns r "
+                                      "(W = U·Vᵀ is m×n of rank r)"));
+  std::vector<Eigen::MatrixXd> Us{U, bd_test::gaussian(11, 3, 3)}, Vs{bd_test::gaussian(8, 3, 4), bd_test::gaussian(8, 3, 5)};
+  CHECK_THROWS_WITH(bd::decompose_shared(Us, Vs), Contains("U[1] is 11x3") && Contains("expected 10x3"));
+  std::vector<Eigen::MatrixXd> one{U};
+  CHECK_THROWS_WITH(bd::decompose_shared(one, Vs), Contains("got 1 U factors and 2 V factors"));
+}
+
+TEST_CASE("empty matrices are refused", "[bad-input]") {
+  const Eigen::MatrixXd empty(0, 4), V = bd_test::gaussian(8, 4, 2);
+  CHECK_THROWS_MATCHES(bd::decompose_product(empty, V), bd::ShapeError,
+                       Catch::Message("U is empty (0x4): expected a matrix with at least one row and one column"));
+  CHECK_THROWS_AS(bd::decompose(Eigen::MatrixXd(3, 0), 1), bd::ShapeError);
+}
+
+TEST_CASE("NaN weights are refused with their position", "[bad-input]") {
+  auto p = random_product(10, 8, 3, 1);
+  p.V(4, 2) = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_MATCHES(bd::decompose_product(p.U, p.V), bd::NonFiniteError, Catch::Message(
+      "V (8x3) holds nan at (4, 2): expected finite weights (NaN/Inf usually means a corrupt or overflowed checkpoint)"));
+}
+
+TEST_CASE("Inf weights are refused, in W and in every head", "[bad-input]") {
+  auto p = random_product(10, 8, 3, 1);
+  Eigen::MatrixXd W = p.W();
+  W(0, 7) = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH(bd::decompose(W, 3), Contains("W (10x8) holds inf at (0, 7)"));
+  std::vector<Eigen::MatrixXd> Us{p.U, p.U}, Vs{p.V, p.V};
+  Us[1](9, 0) = -std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH(bd::decompose_shared(Us, Vs), Contains("U[1] (10x3) holds -inf at (9, 0)"));
+}
+
+TEST_CASE("align must be positive", "[bad-input]") {
+  const auto p = random_product(10, 8, 3, 1);
+  CHECK_THROWS_MATCHES(bd::decompose_product(p.U, p.V, bd::Options{}.with_align(0)), bd::RangeError,
+                       Catch::Message("Options::align is 0: expected a positive window stride"));
+  CHECK_THROWS_AS(bd::decompose_product(p.U, p.V, bd::Options{}.with_align(-16)), bd::RangeError);
+}
+
+TEST_CASE("a window outside the matrix is refused", "[bad-input]") {
+  const auto p = random_product(10, 8, 3, 1);
+  CHECK_THROWS_WITH(bd::decompose_product(p.U, p.V, bd::Options{}.with_window(8)),
+                    Contains("Options::offset 8 puts the window outside the 10 rows") && Contains("0 <= offset <= 7"));
+}
+
+TEST_CASE("the error budget of auto must be positive", "[bad-input]") {
+  const auto p = random_product(10, 8, 3, 1);
+  CHECK_THROWS_WITH(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::Auto).with_error_budget(0)),
+                    Contains("Options::error_budget is 0"));
+}
+
+TEST_CASE("a singular first window is refused: pruned channels", "[bad-input][singular]") {
+  auto p = random_product(16, 12, 4, 3);
+  p.U.row(1).setZero();  // channel 1 pruned: the first 4 rows of W are dependent
+  BD_CHECK_THROWS_CONTAINING(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::First)), bd::SingularBasisError, Contains("the first basis block is singular or numerically rank-deficient") &&
+                                      Contains("rows 0..3"));
+  // The last window does not contain the pruned channel and is fine.
+  CHECK_NOTHROW(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::Last)));
+}
+
+TEST_CASE("a numerically rank-deficient last window is refused", "[bad-input][singular]") {
+  auto p = random_product(16, 12, 4, 3);
+  p.U.row(15) = 2.0 * p.U.row(13) - p.U.row(12) + 1e-15 * p.U.row(0);  // dependent to 1e-15
+  CHECK_THROWS_AS(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::Last)), bd::SingularBasisError);
+}
+
+TEST_CASE("a zero head has no basis at all", "[bad-input][singular]") {
+  const Eigen::MatrixXd U = Eigen::MatrixXd::Zero(16, 4), V = bd_test::gaussian(12, 4, 1);
+  BD_CHECK_THROWS_CONTAINING(bd::decompose_product(U, V, bd::Options{}.with_basis(Basis::OffsetSearch)), bd::SingularBasisError, Contains("has numerical rank 0 < r = 4") && Contains("zero, pruned or tied head"));
+  std::vector<Eigen::MatrixXd> Us{bd_test::gaussian(16, 4, 2), U}, Vs{V, V};
+  CHECK_THROWS_WITH(bd::decompose_shared(Us, Vs), Contains("head 1"));
+}
+
+TEST_CASE("searching strategies skip singular windows and say how many", "[bad-input][singular]") {
+  auto p = random_product(24, 12, 4, 5);
+  p.U.row(2).setZero();
+  p.U.row(9).setZero();  // windows starting at 0 and 8 (align 4) contain a zero channel
+  const auto d = bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::OffsetSearch).with_align(4));
+  CHECK(d.report().windows_tried == 6);
+  CHECK(d.report().windows_skipped == 2);  // rows 0..3 hold channel 2, rows 8..11 hold channel 9
+  CHECK(d.offset() != 0);
+  CHECK(d.offset() != 8);
+  CHECK(bd_test::nmse(bd_test::rebuild(d), p.W()) < 1e-24);
+}
+
+TEST_CASE("auto falls back to pivoting when every window is singular, and says so", "[bad-input][singular]") {
+  auto p = random_product(16, 12, 4, 5);
+  for (Eigen::Index i : {1, 5, 9, 13}) p.U.row(i).setZero();  // one dead channel in every aligned window
+  const auto d = bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::Auto).with_align(4));
+  CHECK(d.report().chosen == Basis::Pivoted);
+  CHECK_THAT(d.report().reason, Contains("no shared window is usable"));
+  CHECK(bd_test::nmse(bd_test::rebuild(d), p.W()) < 1e-24);
+  CHECK_THROWS_WITH(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::OffsetSearch).with_align(4)),
+                    Contains("no offset-search window is non-singular"));
+}
+
+TEST_CASE("values beyond the storage type's range are refused, not stored as Inf", "[bad-input]") {
+  auto p = random_product(12, 10, 3, 1);
+  p.U *= 1e5;  // entries of W near 1e5, beyond half's 65504 (bfloat16 reaches 3e38)
+  BD_CHECK_THROWS_CONTAINING(bd::decompose_product<Eigen::half>(p.U, p.V), bd::NonFiniteError, Contains("overflows f16") && Contains("65504"));
+  CHECK_NOTHROW(bd::decompose_product<Eigen::bfloat16>(p.U, p.V));
+}
+
+TEST_CASE("unknown strategy names are refused with the list of known ones", "[bad-input]") {
+  CHECK_THROWS_MATCHES(bd::parse_basis("best"), bd::RangeError,
+                       Catch::Message("unknown basis strategy 'best': expected first, last, residual-min, "
+                                      "offset-search, pivoted, auto or window"));
+  CHECK_THROWS_AS(bd::parse_side("diagonal"), bd::RangeError);
+}
+
+TEST_CASE("every bd exception is a std::exception", "[bad-input]") {
+  const Eigen::MatrixXd W = random_product(10, 8, 3, 1).W();
+  CHECK_THROWS_AS(bd::decompose(W, 0), std::exception);
+  CHECK_THROWS_AS(bd::decompose(W, 0), bd::Error);
+}

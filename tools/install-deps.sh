@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs with apt-get the Debian 12 packages bd needs for one purpose, only when missing.
+#   tools/install-deps.sh demo   compiler, CMake, Eigen
+#   tools/install-deps.sh test   + Catch2, Google Benchmark, nlohmann-json, OpenBLAS, clang (fuzzing)
+set -euo pipefail
+
+purpose=${1:-test}
+packages=(g++ make cmake libeigen3-dev)
+case "$purpose" in
+  demo) ;;
+  test) packages+=(catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3) ;;
+  *) echo "usage: $0 demo|test" >&2; exit 2 ;;
+esac
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+echo "bd: installing ${missing[*]}"
+if [[ $(id -u) -ne 0 ]]; then
+  echo "bd: run as root (or install these packages): ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+# A fresh machine has no package lists: update before installing.
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
