@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
       std::printf("%-14s %12lld %12lld %8.1f%% %11.3g %11.3g %9.2f  %s\n", row.strategy.c_str(), row.params_before,
                   row.params_after, 100.0 * (1.0 - double(row.params_after) / double(row.params_before)), row.nmse_qk,
                   row.nmse_vo, row.seconds, row.window_note.c_str());
+      std::fflush(stdout);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

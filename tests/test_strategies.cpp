@@ -55,7 +55,7 @@ TEST_CASE("offset search tries every aligned window and the last, and finds a ne
   }
   // A non-multiple tail still gets the last window: m = 30, r = 7, align 8 → 0, 8, 16, 23.
   const auto p = random_product(30, 20, 7, 3);
-  CHECK(bd::decompose_product(p.U, p.V, bd::Options{}.with_align(8)).report().windows_tried == 4);
+  CHECK(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::OffsetSearch).with_align(8)).report().windows_tried == 4);
 }
 
 TEST_CASE("one window is shared by every head, chosen by mean error", "[strategy][shared]") {
@@ -66,7 +66,7 @@ TEST_CASE("one window is shared by every head, chosen by mean error", "[strategy
     Vs.push_back(p.V);
   }
   for (Side side : {Side::Row, Side::Col}) {
-    const auto shared = bd::decompose_shared<float>(Us, Vs, bd::Options{}.with_side(side).with_align(8));
+    const auto shared = bd::decompose_shared<float>(Us, Vs, bd::Options{}.with_side(side).with_basis(Basis::OffsetSearch).with_align(8));
     REQUIRE(shared.size() == 6);
     CHECK(shared.shared());
     for (const auto& head : shared.heads()) CHECK(head.indices() == shared.head(0).indices());
@@ -173,6 +173,13 @@ TEST_CASE("refitting the coefficients against the rounded basis lowers the error
   // Least squares against B̂ minimises the error before C is rounded; over 20 products the mean
   // must come out lower (DESIGN.md §3 measured a small, consistent gain).
   CHECK(refit < plain);
+}
+
+TEST_CASE("the default strategy is auto: it never trades accuracy silently", "[strategy][auto]") {
+  CHECK(bd::Options{}.basis == Basis::Auto);
+  const auto p = random_product(64, 48, 8, 5);
+  const auto d = bd::decompose_product<Eigen::half>(p.U, p.V);
+  CHECK(d.report().nmse <= 10 * d.report().floor_nmse);
 }
 
 TEST_CASE("strategy names round-trip through parse_basis", "[strategy]") {

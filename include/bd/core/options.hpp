@@ -33,7 +33,9 @@ enum class Basis {
 /// Preparation settings. Plain aggregate with defaults; the setters return *this for chaining.
 struct Options {
   Side side = Side::Row;
-  Basis basis = Basis::OffsetSearch;
+  /// Auto: a shared window when it is within error_budget of the type's own rounding, else
+  /// per-product pivoting, so the default never trades accuracy silently.
+  Basis basis = Basis::Auto;
   /// OffsetSearch: windows start at multiples of align (a kernel keeps loads aligned to it).
   Index align = 16;
   /// Window: first basis index of the window.

@@ -1,0 +1,327 @@
+// bd/nn/bd_attention.hpp — attention with its QK and/or VO products basis-decomposed (the
+// paper's Algorithm 2), equal to the dense layer it was prepared from.
+//
+// QK, head h (g its key/value group), column form of Wq_h·Wk_gᵀ over the key input:
+//   Q'_h = x·B_h + β_h,   K'_h = z[:, S_h] + z[:, R_h]·C_hᵀ,   Q'_h·K'_hᵀ = Q_h·K_gᵀ + (row constants)
+//   Query bias: bq_h·Wk_gᵀ lies in the row space of [I, C] (it is a row of Wq_h·Wk_gᵀ with bq
+//   in place of x), so it becomes β_h = bq_h·Wk_g[S_h]ᵀ. Key-bias terms x·Wq_h·bk_gᵀ and
+//   bq_h·bk_gᵀ are constant along each softmax row and drop out exactly.
+// VO, head h, row form of Wv_g·Wo_h over the value input:
+//   V'_h = z[:, S_h] + z[:, R_h]·C_h,   y = Σ_h P_h·V'_h·B_h + bo'
+//   Value bias: P_h·1·bv_g·Wo_h = bv_g·Wo_h since softmax rows sum to one, so it folds into the
+//   output bias: bo' = bo + Σ_h bv_g·Wo_h.
+// RoPE rotates q and k by position and Wq·R·Wkᵀ ≠ B·R·[I, C]: QK is refused under vanilla
+// RoPE unless forced (then Q' and K' are rotated, an approximation). VO stays exact. MLA's
+// decoupled RoPE channels pass through unchanged.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "bd/core/decompose.hpp"
+#include "bd/core/error.hpp"
+#include "bd/nn/attention_config.hpp"
+#include "bd/nn/attention_core.hpp"
+#include "bd/nn/cost_model.hpp"
+#include "bd/nn/multi_head_attention.hpp"
+#include "bd/nn/projection.hpp"
+
+namespace bd::nn {
+
+/// What to do when the cost model says BD makes the layer slower or its KV cache larger.
+enum class CostPolicy { Refuse, Warn, Allow };
+
+struct BDAttentionOptions {
+  Mode mode = Mode::QKVO;
+  bd::Options decomposition{};  ///< basis strategy, align, …; the side is set per product
+  bool force = false;           ///< decompose QK under vanilla RoPE (not exact)
+  CostPolicy cost_policy = CostPolicy::Refuse;
+
+  BDAttentionOptions& with_mode(Mode m) { mode = m; return *this; }
+  BDAttentionOptions& with_basis(bd::Basis b) { decomposition.basis = b; return *this; }
+  BDAttentionOptions& with_force(bool f) { force = f; return *this; }
+  BDAttentionOptions& with_cost_policy(CostPolicy p) { cost_policy = p; return *this; }
+};
+
+/// How one product family (QK or VO) of a layer was decomposed.
+struct ProductReport {
+  bool decomposed = false;
+  bd::Basis chosen = bd::Basis::First;
+  bool shared = true;
+  Index offset = 0;
+  double mean_nmse = 0, max_nmse = 0;
+  std::string reason;
+};
+
+template <typename S = float>
+class BDAttention {
+public:
+  using Scalar = S;
+  using A = acc_t<S>;
+  using Matrix = MatrixA<A>;
+  using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
+  using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+  using Cache = KVCache<A>;
+
+  BDAttention() = default;
+
+  /// Prepares from a dense layer (any stored type), in double; weights are rounded once to S.
+  template <typename T>
+  static BDAttention prepare(const MultiHeadAttention<T>& dense, const BDAttentionOptions& opts = {}) {
+    BDAttention out;
+    out.config_ = dense.config();
+    out.mode_ = opts.mode;
+    const AttentionWeights<double> w = dense.weights().template cast<double>();
+    const AttentionConfig& c = out.config_;
+    out.dense_ = w.template cast<S>();  // the parts BD leaves alone, stored in S
+
+    if (has_qk(opts.mode) && c.rope_theta > 0 && !opts.force)
+      throw RefusedError(bd::detail::message(
+          "BD on QK is not exact under RoPE: rotary embeddings rotate q and k by position, and "
+          "Wq·R(n−m)·Wkᵀ is not B·R(n−m)·[I, C]; use mode vo (exact under RoPE), or force to accept the error"));
+
+    out.cost_ = attention_cost(AttentionShape::of(c, w), opts.mode);
+    if (!out.cost_.worthwhile()) {
+      const std::string why = bd::detail::message(
+          out.cost_.describe(), ". With n_q/n_kv = ", c.group(), " query heads per key/value head, K'/V' need ", c.n_q,
+          " heads instead of ", c.n_kv, out.cost_.slower() ? ": the layer gets slower" : "",
+          out.cost_.larger_cache() ? (out.cost_.slower() ? " and its KV cache larger" : ": its KV cache gets larger") : "");
+      if (opts.cost_policy == CostPolicy::Refuse)
+        throw RefusedError("BD refused by the cost model: " + why + "; set CostPolicy::Warn or Allow to prepare it anyway");
+      if (opts.cost_policy == CostPolicy::Warn) out.warnings_.push_back(why);
+    }
+    out.d_q_ = w.Wq.rows();
+    out.d_kv_in_ = w.W_dkv.size() ? w.W_dkv.rows() : w.Wk.rows();
+    if (has_qk(opts.mode)) {
+      out.prepare_qk(w, opts.decomposition);
+      out.dense_.Wq.resize(0, 0);
+      out.dense_.Wk.resize(0, 0);
+      out.dense_.bq.resize(0);
+      out.dense_.bk.resize(0);
+    }
+    if (has_vo(opts.mode)) {
+      out.prepare_vo(w, opts.decomposition);
+      out.dense_.Wv.resize(0, 0);
+      out.dense_.Wo.resize(0, 0);
+      out.dense_.bv.resize(0);
+      out.dense_.bo.resize(0);
+    }
+    return out;
+  }
+
+  const AttentionConfig& config() const { return config_; }
+  Mode mode() const { return mode_; }
+  const CostComparison& cost() const { return cost_; }
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  const ProductReport& qk_report() const { return qk_report_; }
+  const ProductReport& vo_report() const { return vo_report_; }
+  /// Stored tensors (x·W orientation): B_qk (d_q × n_q·d_h), C_qk ((d_kv − d_h) × n_q·d_h), …
+  const Stored& qk_basis() const { return Bq_; }
+  const Stored& qk_coeff() const { return Ck_; }
+  const Stored& vo_coeff() const { return Cv_; }
+  const Stored& vo_basis() const { return Bo_; }
+  const HeadIndices& qk_indices() const { return qk_idx_; }
+  const HeadIndices& vo_indices() const { return vo_idx_; }
+  /// Parameters of the q, k, v, o projections as stored.
+  Index parameters() const {
+    const auto& d = dense_;
+    return (has_qk(mode_) ? Bq_.size() + Ck_.size() : d.Wq.size() + d.Wk.size()) +
+           (has_vo(mode_) ? Cv_.size() + Bo_.size() : d.Wv.size() + d.Wo.size());
+  }
+
+  Matrix forward(const Matrix& x) const { return forward(x, x); }
+
+  Matrix forward(const Matrix& x, const Matrix& x_kv) const {
+    require_inputs(x, x_kv);
+    const Projected p = project_kv(x_kv, 0);
+    return attend_and_output(x, p.K, p.V, p.Kr, 0);
+  }
+
+  /// Self-attention decoding with K'/V' cached; equal to forward() on the whole sequence.
+  Matrix decode(const Matrix& x_new, Cache& cache) const {
+    require_inputs(x_new, x_new);
+    const Index start = cache.length();
+    const Projected p = project_kv(x_new, start);
+    cache.append(p.K, p.V, p.Kr);
+    return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start);
+  }
+
+private:
+  struct Projected {
+    Matrix K, V, Kr;
+  };
+
+  static Matrix widen(const Stored& m) { return m.template cast<A>(); }
+  static void add_bias(Matrix& m, const StoredVector& b) {
+    if (b.size()) m.rowwise() += b.template cast<A>().transpose();
+  }
+  Index input_dim() const { return d_q_; }
+  Index kv_input_dim() const { return d_kv_in_; }
+
+  void require_inputs(const Matrix& x, const Matrix& x_kv) const {
+    if (x.cols() != input_dim())
+      throw ShapeError(bd::detail::message("attention input has ", x.cols(), " columns, expected ", input_dim()));
+    if (x_kv.cols() != kv_input_dim())
+      throw ShapeError(bd::detail::message("attention key/value input has ", x_kv.cols(), " columns, expected ",
+                                           kv_input_dim()));
+  }
+
+  static ProductReport summarise(const SharedDecomposition<S>& set) {
+    ProductReport r;
+    r.decomposed = true;
+    r.chosen = set.chosen();
+    r.shared = set.shared();
+    r.offset = set.offset();
+    r.mean_nmse = set.mean_nmse();
+    for (const auto& h : set.heads()) r.max_nmse = std::max(r.max_nmse, h.report().nmse);
+    r.reason = set.reason();
+    return r;
+  }
+
+  void prepare_qk(const AttentionWeights<double>& w, bd::Options opts) {
+    const AttentionConfig& c = config_;
+    const Index dh = c.head_dim, d_kv = w.Wk.rows();
+    std::vector<Eigen::MatrixXd> Us, Vs;
+    for (Index h = 0; h < c.n_q; ++h) {
+      const Index g = h / c.group();
+      Us.push_back(w.Wq.middleCols(h * dh, dh));
+      Vs.push_back(w.Wk.middleCols(g * dh, dh));
+    }
+    opts.side = bd::Side::Col;  // C on the key side: K' = z[S] + z[R]·Cᵀ
+    const auto set = bd::decompose_shared<S>(Us, Vs, opts);
+    qk_report_ = summarise(set);
+    qk_idx_ = HeadIndices::of(set, d_kv);
+    Bq_.resize(w.Wq.rows(), c.n_q * dh);
+    Ck_.resize(d_kv - dh, c.n_q * dh);
+    Eigen::VectorXd beta(c.n_q * dh);
+    for (Index h = 0; h < c.n_q; ++h) {
+      const auto& head = set.head(static_cast<std::size_t>(h));
+      Bq_.middleCols(h * dh, dh) = head.basis();
+      Ck_.middleCols(h * dh, dh) = head.coeff().transpose();
+      if (w.bq.size()) {
+        const Eigen::MatrixXd Wk_basis = Vs[static_cast<std::size_t>(h)](head.indices(), Eigen::all);  // d_h × d_h
+        beta.segment(h * dh, dh) = Wk_basis * w.bq.segment(h * dh, dh);  // (bq_h·Wk_g[S]ᵀ)ᵀ
+      }
+    }
+    if (w.bq.size()) beta_ = round_matrix<S>(beta);
+  }
+
+  void prepare_vo(const AttentionWeights<double>& w, bd::Options opts) {
+    const AttentionConfig& c = config_;
+    const Index dv = c.value_dim(), d_kv = w.Wv.rows();
+    std::vector<Eigen::MatrixXd> Us, Vs;
+    for (Index h = 0; h < c.n_q; ++h) {
+      const Index g = h / c.group();
+      Us.push_back(w.Wv.middleCols(g * dv, dv));
+      Vs.push_back(w.Wo.middleRows(h * dv, dv).transpose());
+    }
+    opts.side = bd::Side::Row;  // C on the value side: V' = z[S] + z[R]·C
+    const auto set = bd::decompose_shared<S>(Us, Vs, opts);
+    vo_report_ = summarise(set);
+    vo_idx_ = HeadIndices::of(set, d_kv);
+    Cv_.resize(d_kv - dv, c.n_q * dv);
+    Bo_.resize(c.n_q * dv, w.Wo.cols());
+    for (Index h = 0; h < c.n_q; ++h) {
+      const auto& head = set.head(static_cast<std::size_t>(h));
+      Cv_.middleCols(h * dv, dv) = head.coeff();
+      Bo_.middleRows(h * dv, dv) = head.basis();
+    }
+    if (w.bv.size() || w.bo.size()) {
+      Eigen::VectorXd bias = w.bo.size() ? Eigen::VectorXd(w.bo) : Eigen::VectorXd::Zero(w.Wo.cols());
+      if (w.bv.size())
+        for (Index h = 0; h < c.n_q; ++h)
+          bias += (w.bv.segment((h / c.group()) * dv, dv).transpose() * w.Wo.middleRows(h * dv, dv)).transpose();
+      bo_ = round_matrix<S>(bias);
+    }
+  }
+
+  Matrix kv_source(const Matrix& x_kv) const {
+    if (!dense_.W_dkv.size()) return x_kv;
+    Matrix c = x_kv * widen(dense_.W_dkv);
+    return dense_.kv_norm.size() ? rms_norm<A>(c, dense_.kv_norm.template cast<A>(), config_.norm_eps) : c;
+  }
+
+  Projected project_kv(const Matrix& x_kv, Index first_position) const {
+    const Matrix z = kv_source(x_kv);
+    const AttentionConfig& c = config_;
+    Projected p;
+    if (has_qk(mode_)) {
+      p.K = bd_project<A>(z, qk_idx_, Ck_);
+      if (c.rope_theta > 0) apply_rope(p.K, c.n_q, c.head_dim, c.rope_theta, first_position);  // forced
+    } else {
+      p.K = z * widen(dense_.Wk);
+      add_bias(p.K, dense_.bk);
+      if (c.rope_theta > 0) apply_rope(p.K, c.n_kv, c.head_dim, c.rope_theta, first_position);
+    }
+    if (has_vo(mode_)) {
+      p.V = bd_project<A>(z, vo_idx_, Cv_);
+    } else {
+      p.V = z * widen(dense_.Wv);
+      add_bias(p.V, dense_.bv);
+    }
+    if (c.rope_dim > 0) {
+      p.Kr = x_kv * widen(dense_.Wk_rope);
+      apply_rope(p.Kr, 1, c.rope_dim, c.rope_dim_theta, first_position);
+    }
+    return p;
+  }
+
+  Matrix attend_and_output(const Matrix& x, const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& Kr,
+                           Index first_position) const {
+    const AttentionConfig& c = config_;
+    Matrix Q;
+    if (has_qk(mode_)) {
+      Q = x * widen(Bq_);
+      add_bias(Q, beta_);
+      if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, first_position);  // forced
+    } else {
+      Q = x * widen(dense_.Wq);
+      add_bias(Q, dense_.bq);
+      if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, first_position);
+    }
+    AttendSpec spec;
+    spec.n_q = c.n_q;
+    spec.n_k = has_qk(mode_) ? c.n_q : c.n_kv;
+    spec.n_v = has_vo(mode_) ? c.n_q : c.n_kv;
+    spec.d_qk = c.head_dim;
+    spec.d_v = c.value_dim();
+    spec.d_rope = c.rope_dim;
+    spec.scale = c.softmax_scale();
+    spec.causal = c.causal;
+    spec.first_query_position = first_position;
+    Matrix O;
+    if (c.rope_dim > 0) {
+      Matrix Qr = x * widen(dense_.Wq_rope);
+      apply_rope(Qr, c.n_q, c.rope_dim, c.rope_dim_theta, first_position);
+      const ConstRef<A> qr(Qr);
+      O = attend<A>(Q, K, V, spec, &qr, &Kr);
+    } else {
+      O = attend<A>(Q, K, V, spec);
+    }
+    Matrix y;
+    if (has_vo(mode_)) {
+      y = O * widen(Bo_);
+      add_bias(y, bo_);
+    } else {
+      y = O * widen(dense_.Wo);
+      add_bias(y, dense_.bo);
+    }
+    return y;
+  }
+
+  AttentionConfig config_;
+  Mode mode_ = Mode::QKVO;
+  Index d_q_ = 0, d_kv_in_ = 0;
+  AttentionWeights<S> dense_;  ///< what BD leaves dense (the replaced projections are dropped)
+  Stored Bq_, Ck_, Cv_, Bo_;
+  StoredVector beta_, bo_;
+  HeadIndices qk_idx_, vo_idx_;
+  ProductReport qk_report_, vo_report_;
+  CostComparison cost_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace bd::nn
