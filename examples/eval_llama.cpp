@@ -1,0 +1,178 @@
+// Evaluates BD attention on a real Hugging Face LLaMA checkpoint: the paper's perplexity table.
+//
+//   eval_llama MODEL_DIR [--mode vo|qk|qkvo] [--dtype f32|f16|bf16]
+//              [--basis first|last|residual-min|offset-search|pivoted|auto] [--force] [--table]
+//
+// Runs the dense model in fp32 (L_exact), the dense model and the BD model with every weight
+// stored in the chosen type, and prints a table and, as its last line, one JSON object. BD is
+// evaluated even where the cost model advises against it; the verdict is printed. --table
+// runs every dtype × basis for the mode and prints a markdown table instead.
+#include <bd/io/hf_llama.hpp>
+#include <bd/nn/metrics.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using bd::nn::BDAttentionOptions;
+
+struct Args {
+  std::string dir, dtype = "f32", basis = "auto";
+  bd::nn::Mode mode = bd::nn::Mode::VO;
+  bool force = false, table = false;
+};
+
+struct Result {
+  double dense_ppl = 0, bd_ppl = 0, dense_err = 0, bd_err = 0, bd_nmse = 0;
+  std::vector<std::string> warnings;
+  std::string basis_note;
+};
+
+struct Reference {
+  std::vector<int> tokens;
+  Eigen::MatrixXf logits;
+  bool present = false;
+};
+
+template <typename S>
+Result evaluate(const bd::nn::LlamaModel<float>& model, const std::vector<int>& tokens, const Eigen::MatrixXf& exact,
+                const BDAttentionOptions& opts) {
+  Result r;
+  const auto dense = model.cast<S>();
+  const Eigen::MatrixXf dense_logits = dense.logits(tokens);
+  r.dense_ppl = bd::nn::perplexity(dense_logits, tokens);
+  r.dense_err = bd::nn::logit_relative_error(dense_logits, exact);
+  const auto bd_model = model.with_bd_attention<S>(opts);
+  const Eigen::MatrixXf bd_logits = bd_model.logits(tokens);
+  r.bd_ppl = bd::nn::perplexity(bd_logits, tokens);
+  r.bd_err = bd::nn::logit_relative_error(bd_logits, exact);
+  const auto& first = bd_model.layers.front().attention;
+  r.warnings = first.warnings();
+  double nmse = 0;
+  int products = 0;
+  for (const auto& layer : bd_model.layers) {
+    for (const auto* report : {&layer.attention.qk_report(), &layer.attention.vo_report()}) {
+      if (!report->decomposed) continue;
+      nmse += report->mean_nmse;
+      ++products;
+      if (r.basis_note.empty()) r.basis_note = report->reason;
+    }
+  }
+  r.bd_nmse = products ? nmse / products : 0;
+  return r;
+}
+
+Result run(const Args& a, const bd::nn::LlamaModel<float>& model, const std::vector<int>& tokens,
+           const Eigen::MatrixXf& exact) {
+  BDAttentionOptions opts;
+  opts.mode = a.mode;
+  opts.force = a.force;
+  opts.cost_policy = bd::nn::CostPolicy::Warn;
+  opts.decomposition.basis = bd::parse_basis(a.basis);
+  opts.decomposition.align = model.config.head_dim;
+  if (a.dtype == "f32") return evaluate<float>(model, tokens, exact, opts);
+  if (a.dtype == "f16") return evaluate<Eigen::half>(model, tokens, exact, opts);
+  return evaluate<Eigen::bfloat16>(model, tokens, exact, opts);
+}
+
+int usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s MODEL_DIR [--mode vo|qk|qkvo] [--dtype f32|f16|bf16]\n"
+               "       [--basis first|last|residual-min|offset-search|pivoted|auto] [--force] [--table]\n",
+               argv0);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      const bool value = i + 1 < argc;
+      if (arg == "--mode" && value) a.mode = bd::nn::parse_mode(argv[++i]);
+      else if (arg == "--dtype" && value) a.dtype = argv[++i];
+      else if (arg == "--basis" && value) a.basis = argv[++i];
+      else if (arg == "--force") a.force = true;
+      else if (arg == "--table") a.table = true;
+      else if (!arg.empty() && arg[0] != '-' && a.dir.empty()) a.dir = arg;
+      else return usage(argv[0]);
+    }
+    if (a.dir.empty() || (a.dtype != "f32" && a.dtype != "f16" && a.dtype != "bf16")) return usage(argv[0]);
+    bd::parse_basis(a.basis);
+  } catch (const bd::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+
+  try {
+    const auto model = bd::io::load_llama<float>(a.dir);
+    Reference ref;
+    std::vector<int> tokens;
+    if (std::filesystem::exists(a.dir + "/reference.safetensors")) {
+      const auto st = bd::io::SafeTensors::open(a.dir + "/reference.safetensors");
+      ref.tokens = st.values<int>("tokens");
+      ref.logits = st.matrix<float>("logits");
+      ref.present = true;
+      tokens = ref.tokens;
+    } else {
+      for (int i = 0; i < 64; ++i) tokens.push_back(static_cast<int>((i * 7919) % model.config.vocab));
+    }
+    const Eigen::MatrixXf exact = model.logits(tokens);
+    const double reference_diff = ref.present ? double((exact - ref.logits).cwiseAbs().maxCoeff()) : -1.0;
+    const auto& c = model.config;
+    std::printf("%s: %ld layers, d = %ld, %ld query heads on %ld key/value heads, d_h = %ld, RoPE theta %g\n",
+                a.dir.c_str(), long(c.layers), long(c.hidden), long(c.heads), long(c.kv_heads), long(c.head_dim),
+                c.rope_theta);
+    if (ref.present) std::printf("dense fp32 against reference.safetensors: max |diff| = %.3g\n", reference_diff);
+
+    if (a.table) {
+      std::printf("\n| dtype | basis | dense ppl | BD ppl | ppl change | dense logit err | BD logit err | ratio |\n"
+                  "|---|---|---|---|---|---|---|---|\n");
+      for (const char* dtype : {"f32", "f16", "bf16"}) {
+        for (const char* basis : {"first", "residual-min", "offset-search", "pivoted", "auto"}) {
+          Args row = a;
+          row.dtype = dtype;
+          row.basis = basis;
+          const Result r = run(row, model, tokens, exact);
+          std::printf("| %s | %s | %.6f | %.6f | %+.2e | %.3g | %.3g | %s |\n", dtype, basis, r.dense_ppl, r.bd_ppl,
+                      (r.bd_ppl - r.dense_ppl) / r.dense_ppl, r.dense_err, r.bd_err,
+                      r.dense_err > 0 ? (std::to_string(r.bd_err / r.dense_err).substr(0, 4) + "x").c_str() : "-");
+        }
+      }
+      return 0;
+    }
+
+    const Result r = run(a, model, tokens, exact);
+    for (const auto& w : r.warnings) std::printf("cost model: BD is not worthwhile here: %s\n", w.c_str());
+    if (r.warnings.empty()) std::printf("cost model: BD %s saves work and cache here\n", bd::nn::to_string(a.mode));
+    std::printf("basis: %s\n\n", r.basis_note.c_str());
+    std::printf("%-30s %12s %18s\n", "model", "perplexity", "logit rel. error");
+    std::printf("%-30s %12.6f %18s\n", "dense fp32 (L_exact)", bd::nn::perplexity(exact, tokens), "0");
+    std::printf("%-30s %12.6f %18.3g\n", ("dense " + a.dtype).c_str(), r.dense_ppl, r.dense_err);
+    std::printf("%-30s %12.6f %18.3g   (mean product NMSE %.3g)\n",
+                ("BD " + std::string(bd::nn::to_string(a.mode)) + " " + a.dtype + " " + a.basis).c_str(), r.bd_ppl,
+                r.bd_err, r.bd_nmse);
+    nlohmann::ordered_json out;
+    out["reference_max_abs_diff"] = ref.present ? nlohmann::json(reference_diff) : nlohmann::json(nullptr);
+    out["dense_ppl"] = r.dense_ppl;
+    out["bd_ppl"] = r.bd_ppl;
+    out["dense_logit_rel_err"] = r.dense_err;
+    out["bd_logit_rel_err"] = r.bd_err;
+    std::printf("%s\n", out.dump().c_str());
+  } catch (const bd::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

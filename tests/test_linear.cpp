@@ -1,0 +1,58 @@
+// BDLinear equals the low-rank layer it replaces and saves r/(d_in + d_out) of it.
+#include <bd/nn/bd_linear.hpp>
+
+#include "nn_support.hpp"
+
+using bd::nn::BDLinear;
+using bd::nn::LowRankLinear;
+using bd_test::max_rel;
+using Catch::Contains;
+
+TEST_CASE("BDLinear from a low-rank layer equals it, bias included", "[linear]") {
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    const Eigen::MatrixXf U = (bd_test::gaussian(96, 16, seed) / 10).cast<float>();
+    const Eigen::MatrixXf V = (bd_test::gaussian(80, 16, seed + 50) / 4).cast<float>();
+    const Eigen::VectorXf b = bd_test::gaussian(80, 1, seed + 99).cast<float>();
+    const LowRankLinear<float> layer(U, V, b);
+    for (bd::Basis basis : {bd::Basis::First, bd::Basis::OffsetSearch, bd::Basis::Pivoted}) {
+      const auto bd_layer = BDLinear<float>::from_low_rank(layer, bd::Options{}.with_basis(basis));
+      const Eigen::MatrixXf x = bd_test::gaussian(7, 96, seed + 7).cast<float>();
+      CHECK(max_rel(bd_layer.forward(x), layer.forward(x)) <= bd_test::kFp32OperatorBound);
+      // r(d_in + d_out − r) against r(d_in + d_out): a saving of r/(d_in + d_out).
+      CHECK(bd_layer.parameters() == 16 * (96 + 80 - 16));
+      CHECK(1.0 - double(bd_layer.parameters()) / double(layer.parameters()) == Approx(16.0 / (96 + 80)));
+    }
+  }
+}
+
+TEST_CASE("BDLinear from a dense W: truncation error reported apart from the BD error", "[linear]") {
+  const Eigen::MatrixXd W = bd_test::gaussian(64, 48, 3);
+  const auto layer = BDLinear<double>::from_dense(W, 12);
+  Eigen::BDCSVD<Eigen::MatrixXd> svd(W, Eigen::ComputeThinU | Eigen::ComputeThinV);
+  const Eigen::MatrixXd W12 = svd.matrixU().leftCols(12) * svd.singularValues().head(12).asDiagonal() *
+                              svd.matrixV().leftCols(12).transpose();
+  CHECK(layer.truncation_nmse() == Approx((W - W12).squaredNorm() / W.squaredNorm()).epsilon(1e-10));
+  CHECK(layer.report().nmse < 1e-24);  // BD itself is exact for the rank-12 truncation
+  const Eigen::MatrixXd x = bd_test::gaussian(5, 64, 4);
+  CHECK(max_rel(layer.forward(x), x * W12) < 1e-12);
+}
+
+TEST_CASE("BDLinear in half and bfloat16 storage", "[linear][precision]") {
+  const LowRankLinear<double> layer(bd_test::gaussian(64, 8, 1) / 8, bd_test::gaussian(48, 8, 2) / 3);
+  const Eigen::MatrixXd x = bd_test::gaussian(6, 64, 3);
+  const Eigen::MatrixXd exact = layer.forward(x);
+  // Stored B and C each carry u relative error; with pivoting |C| ≲ 1, so outputs err by a few u.
+  const auto half = BDLinear<Eigen::half>::from_low_rank(layer, bd::Options{}.with_basis(bd::Basis::Pivoted));
+  CHECK(max_rel(half.forward(x.cast<float>()), exact) < 20 * bd::unit_roundoff<Eigen::half>());
+  const auto bf = BDLinear<Eigen::bfloat16>::from_low_rank(layer, bd::Options{}.with_basis(bd::Basis::Pivoted));
+  CHECK(max_rel(bf.forward(x.cast<float>()), exact) < 20 * bd::unit_roundoff<Eigen::bfloat16>());
+}
+
+TEST_CASE("BDLinear refuses bad shapes and ranks", "[linear][bad-input]") {
+  CHECK_THROWS_WITH(LowRankLinear<float>(Eigen::MatrixXf::Ones(4, 2), Eigen::MatrixXf::Ones(5, 3)),
+                    Contains("expected the same rank r"));
+  CHECK_THROWS_WITH(BDLinear<float>::from_dense(Eigen::MatrixXd::Ones(6, 5), 5), Contains("rank 5 is out of range"));
+  const LowRankLinear<float> layer(Eigen::MatrixXf::Random(10, 2), Eigen::MatrixXf::Random(8, 2));
+  const auto bd_layer = BDLinear<float>::from_low_rank(layer);
+  CHECK_THROWS_WITH(bd_layer.forward(Eigen::MatrixXf::Ones(2, 9)), Contains("input has 9 columns, expected 10"));
+}

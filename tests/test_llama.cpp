@@ -1,0 +1,107 @@
+// The real model, end to end: stories260K's dense forward reproduces its reference logits, and
+// BD attention changes them no more than storing the model in the type does.
+#include <bd/io/hf_llama.hpp>
+#include <bd/nn/metrics.hpp>
+
+#include <map>
+
+#include "support.hpp"
+
+using bd::nn::BDAttentionOptions;
+using bd::nn::CostPolicy;
+using bd::nn::Mode;
+using Catch::Contains;
+
+namespace {
+
+struct Reference {
+  bd::nn::LlamaModel<float> model;
+  std::vector<int> tokens;
+  Eigen::MatrixXf logits;  // the dense model in float64 (reference.safetensors)
+  Eigen::MatrixXf exact;   // our dense fp32 forward: L_exact of the issue
+  std::map<std::string, std::string> metadata;
+};
+
+const Reference& reference() {
+  static const Reference r = [] {
+    const std::string dir = bd_test::require_model("stories260K");
+    Reference out;
+    out.model = bd::io::load_llama<float>(dir);
+    const auto st = bd::io::SafeTensors::open(dir + "/reference.safetensors");
+    out.tokens = st.values<int>("tokens");
+    out.logits = st.matrix<float>("logits");
+    out.metadata = st.metadata();
+    out.exact = out.model.logits(out.tokens);
+    return out;
+  }();
+  return r;
+}
+
+BDAttentionOptions vo(bd::Basis basis) {
+  BDAttentionOptions o = BDAttentionOptions{}.with_mode(Mode::VO).with_basis(basis).with_cost_policy(CostPolicy::Allow);
+  o.decomposition.align = 8;
+  return o;
+}
+
+/// BD-in-type logit error over dense-in-type logit error, both against the dense fp32 model.
+template <typename Scalar>
+double error_ratio(bd::Basis basis) {
+  const Reference& r = reference();
+  const double dense = bd::nn::logit_relative_error(r.model.cast<Scalar>().logits(r.tokens), r.exact);
+  const double bd_err = bd::nn::logit_relative_error(r.model.with_bd_attention<Scalar>(vo(basis)).logits(r.tokens), r.exact);
+  WARN(bd::scalar_traits<Scalar>::name << " " << bd::to_string(basis) << ": BD logit error " << bd_err << ", dense-in-type "
+                                     << dense << ", ratio " << bd_err / dense);
+  return bd_err / dense;
+}
+
+}  // namespace
+
+TEST_CASE("dense fp32 forward reproduces the reference logits to 1e-4", "[real-model][llama]") {
+  const Reference& r = reference();
+  REQUIRE(r.tokens.size() == 64);
+  CHECK((r.exact - r.logits).cwiseAbs().maxCoeff() <= 1e-4);
+  // The reference's own perplexity (float64) to fp32 accuracy.
+  CHECK(bd::nn::perplexity(r.exact, r.tokens) == Approx(std::stod(r.metadata.at("perplexity"))).epsilon(1e-5));
+}
+
+TEST_CASE("BD on VO in fp32 changes perplexity by less than 1e-6 relative", "[real-model][llama]") {
+  const Reference& r = reference();
+  const double dense = bd::nn::perplexity(r.exact, r.tokens);
+  // Auto: per-head pivoting here (no shared window meets 10x fp32's rounding floor), which
+  // keeps |C| small so fp32 arithmetic in the forward adds no more than the dense layer's.
+  const double bd_ppl = bd::nn::perplexity(r.model.with_bd_attention<float>(vo(bd::Basis::Auto)).logits(r.tokens), r.tokens);
+  WARN("fp32 perplexity: dense " << dense << ", BD " << bd_ppl << ", relative change " << std::abs(bd_ppl - dense) / dense);
+  CHECK(std::abs(bd_ppl - dense) / dense < 1e-6);
+}
+
+TEST_CASE("fp16 and bf16: BD logit error within 1.9x (offset search) of the dense model in the type",
+          "[real-model][llama]") {
+  CHECK(error_ratio<Eigen::half>(bd::Basis::OffsetSearch) <= 1.9);
+  CHECK(error_ratio<Eigen::bfloat16>(bd::Basis::OffsetSearch) <= 1.9);
+}
+
+TEST_CASE("fp16 and bf16: BD logit error within 1.25x (pivoted) of the dense model in the type",
+          "[real-model][llama]") {
+  CHECK(error_ratio<Eigen::half>(bd::Basis::Pivoted) <= 1.25);
+  CHECK(error_ratio<Eigen::bfloat16>(bd::Basis::Pivoted) <= 1.25);
+}
+
+TEST_CASE("LLaMA: QK is refused under RoPE, VO is refused by the cost model (GQA 2:1)", "[real-model][llama]") {
+  const Reference& r = reference();
+  BD_CHECK_THROWS_CONTAINING(r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::QK)), bd::RefusedError,
+                             Contains("RoPE"));
+  BD_CHECK_THROWS_CONTAINING(r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::VO)), bd::RefusedError,
+                             Contains("cost model") && Contains("n_q/n_kv = 2"));
+}
+
+TEST_CASE("LLaMA attention decodes token by token as it runs in one pass", "[real-model][decode]") {
+  const Reference& r = reference();
+  const auto& attention = r.model.layers.front().attention;
+  const auto bda = bd::nn::BDAttention<float>::prepare(attention, vo(bd::Basis::Pivoted));
+  const Eigen::MatrixXf x = bd_test::gaussian(9, 64, 3).cast<float>();
+  const Eigen::MatrixXf full = bda.forward(x);
+  bd::nn::KVCache<float> cache;
+  Eigen::MatrixXf stepped(9, 64);
+  for (Eigen::Index i = 0; i < 9; ++i) stepped.row(i) = bda.decode(x.row(i), cache);
+  CHECK((stepped - full).cwiseAbs().maxCoeff() <= 1e-5 * full.cwiseAbs().maxCoeff());
+}
