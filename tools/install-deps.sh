@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs with apt-get the Debian 12 packages bd needs for one purpose, only when missing.
-#   tools/install-deps.sh demo   compiler, CMake, Eigen
+#   tools/install-deps.sh demo   compiler, CMake, Eigen, nlohmann-json
 #   tools/install-deps.sh test   + Catch2, Google Benchmark, nlohmann-json, OpenBLAS, clang (fuzzing)
 set -euo pipefail
 
 purpose=${1:-test}
 packages=(g++ make cmake libeigen3-dev)
 case "$purpose" in
-  demo) ;;
+  demo) packages+=(nlohmann-json3-dev) ;;
   test) packages+=(catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3) ;;
   *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs bd's whole test suite with ctest:
-#   1. Release build of everything (tests, examples, benchmarks, consumers), -Wall -Wextra -Werror;
-#   2. the tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+#   1. Release build of everything (tests, examples, benchmarks, tools, consumers), -Wall -Wextra -Werror;
+#   2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   3. the safetensors parser under libFuzzer (clang) for BD_FUZZ_SECONDS (60) from the seed corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh test
@@ -13,7 +14,18 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_BUILD_BENCHMARKS=OFF -DBD_BUILD_EXAMPLES=OFF \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="$sanitize"
-cmake --build build-asan -j"$jobs" --target bd_core_tests bd_io_tests bd_real_model_tests
+  -DBD_BUILD_TOOLS=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DCMAKE_CXX_FLAGS="$sanitize" \
+  -DCMAKE_EXE_LINKER_FLAGS="$sanitize"
+cmake --build build-asan -j"$jobs" --target bd_core_tests bd_nn_tests bd_io_tests bd_real_model_tests
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "core|io|real-model"
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "core|nn|io|real-model"
+
+cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_BUILD_FUZZERS=ON \
+  -DBD_BUILD_TESTS=OFF -DBD_BUILD_BENCHMARKS=OFF -DBD_BUILD_EXAMPLES=OFF -DBD_BUILD_TOOLS=OFF -DBD_WITH_OPENMP=OFF \
+  -DBD_INSTALL=OFF
+cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors
+corpus=$(mktemp -d)
+./build-fuzz/tests/fuzz/fuzz_safetensors -max_total_time="${BD_FUZZ_SECONDS:-60}" -print_final_stats=1 \
+  "$corpus" tests/fuzz/seeds 2>&1 | tail -n 4
+rm -rf "$corpus"
+echo "bd: fuzzing found no crash"

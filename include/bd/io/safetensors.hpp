@@ -492,6 +492,13 @@ public:
                        static_cast<std::size_t>(rm.size()));
   }
 
+  /// Adds a 1-D tensor [n] stored as T.
+  template <typename T, typename Derived>
+  Writer& add_vector(const std::string& name, const Eigen::MatrixBase<Derived>& v) {
+    const Eigen::Matrix<T, Eigen::Dynamic, 1> values = v.template cast<T>();
+    return add_flat<T>(name, {static_cast<std::int64_t>(values.size())}, values.data(), static_cast<std::size_t>(values.size()));
+  }
+
   /// Adds a tensor of any shape from values in storage order.
   template <typename T>
   Writer& add_flat(const std::string& name, std::vector<std::int64_t> shape, const T* values, std::size_t count) {
@@ -499,6 +506,20 @@ public:
     if (count) std::memcpy(bytes.data(), values, bytes.size());
     return add_bytes(name, dtype_of<T>(), std::move(shape), std::move(bytes));
   }
+
+  /// Moves every tensor of `other` after this writer's own (metadata stays this writer's).
+  Writer& append(Writer&& other) {
+    for (Entry& e : other.entries_) {
+      if (!names_.insert(e.name).second)
+        throw ShapeError(bd::detail::message("tensor '", e.name, "' added twice"));
+      entries_.push_back(std::move(e));
+    }
+    other.entries_.clear();
+    other.names_.clear();
+    return *this;
+  }
+
+  std::size_t size() const { return entries_.size(); }
 
   Writer& set_metadata(const std::string& key, const std::string& value) {
     metadata_[key] = value;

@@ -123,6 +123,10 @@ public:
   const Stored& qk_coeff() const { return Ck_; }
   const Stored& vo_coeff() const { return Cv_; }
   const Stored& vo_basis() const { return Bo_; }
+  /// β: the query bias carried onto Q' (empty when the layer has no query bias).
+  const StoredVector& qk_bias() const { return beta_; }
+  /// bo + Σ_h bv_g·Wo_h: the output bias with the value bias folded in (empty when neither exists).
+  const StoredVector& vo_bias() const { return bo_; }
   const HeadIndices& qk_indices() const { return qk_idx_; }
   const HeadIndices& vo_indices() const { return vo_idx_; }
   /// Parameters of the q, k, v, o projections as stored.

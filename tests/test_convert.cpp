@@ -1,0 +1,162 @@
+// bd-convert's core on a GPT-2-layout checkpoint built here with random weights: the written
+// tensors follow the documented format, and a forward computed from them by the documented rule
+// alone equals the dense attention.
+#include <filesystem>
+#include <fstream>
+
+#include <bd/io/convert.hpp>
+
+#include "nn_support.hpp"
+
+namespace fs = std::filesystem;
+using bd::io::SafeTensors;
+using Catch::Contains;
+
+namespace {
+
+constexpr Eigen::Index kD = 48, kHeads = 4, kHeadDim = 12, kLayers = 2;
+
+/// A GPT-2 checkpoint folder: config.json and model.safetensors (Conv1D weights [in, out]).
+struct Gpt2Folder {
+  fs::path dir;
+  std::vector<bd::nn::MultiHeadAttention<double>> layers;  // the dense attention, for the oracle
+
+  explicit Gpt2Folder(const std::string& name, bool poison = false) : dir(fs::temp_directory_path() / name) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << R"({"model_type": "gpt2", "n_embd": 48, "n_head": 4, "n_layer": 2})";
+    bd::io::Writer w;
+    w.add<float>("wte.weight", bd_test::gaussian(10, kD, 1));
+    for (Eigen::Index l = 0; l < kLayers; ++l) {
+      bd_test::LayerSpec s;
+      s.d_q = s.d_kv = s.d_out = kD;
+      s.n_q = s.n_kv = kHeads;
+      s.head_dim = kHeadDim;
+      s.biases = true;
+      s.causal = true;
+      const auto layer = bd_test::random_attention(s, 30 + unsigned(l)).cast<float>().cast<double>();
+      layers.push_back(layer);
+      const auto& lw = layer.weights();
+      Eigen::MatrixXd c_attn(kD, 3 * kD);
+      c_attn << lw.Wq, lw.Wk, lw.Wv;
+      if (poison && l == 1) c_attn(3, 100) = std::numeric_limits<double>::quiet_NaN();
+      Eigen::VectorXd c_attn_bias(3 * kD);
+      c_attn_bias << lw.bq, lw.bk, lw.bv;
+      const std::string p = "h." + std::to_string(l) + ".";
+      w.add_vector<float>(p + "ln_1.weight", Eigen::VectorXd::Ones(kD));
+      w.add<float>(p + "attn.c_attn.weight", c_attn);
+      w.add_vector<float>(p + "attn.c_attn.bias", c_attn_bias);
+      w.add<float>(p + "attn.c_proj.weight", lw.Wo);
+      w.add_vector<float>(p + "attn.c_proj.bias", lw.bo);
+    }
+    w.set_metadata("format", "pt");
+    w.write((dir / "model.safetensors").string());
+  }
+};
+
+bd::io::ConvertOptions options(bd::nn::Mode mode, const std::string& dtype = "f32") {
+  bd::io::ConvertOptions o;
+  o.arch = bd::io::Arch::GPT2;
+  o.mode = mode;
+  o.dtype = dtype;
+  return o;
+}
+
+/// X[:, idx_h] + X[:, other channels ascending]·coeff[:, h·d:(h+1)·d], straight from the format spec.
+Eigen::MatrixXd bd_projection(const Eigen::MatrixXd& X, const Eigen::MatrixXd& coeff, const std::vector<double>& indices,
+                              Eigen::Index heads, Eigen::Index d) {
+  Eigen::MatrixXd out(X.rows(), heads * d);
+  for (Eigen::Index h = 0; h < heads; ++h) {
+    std::vector<Eigen::Index> basis, rest;
+    for (Eigen::Index k = 0; k < d; ++k) basis.push_back(static_cast<Eigen::Index>(indices[std::size_t(h * d + k)]));
+    for (Eigen::Index c = 0; c < X.cols(); ++c)
+      if (std::find(basis.begin(), basis.end(), c) == basis.end()) rest.push_back(c);
+    out.middleCols(h * d, d) = X(Eigen::all, basis) + X(Eigen::all, rest) * coeff.middleCols(h * d, d);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("GPT-2 qkvo: the written tensors give a forward equal to the dense attention", "[convert][gpt2]") {
+  Gpt2Folder folder("bd_convert_gpt2");
+  const auto out = (folder.dir / "bd.safetensors").string();
+  const auto report = bd::io::convert_checkpoint(folder.dir.string(), out, options(bd::nn::Mode::QKVO));
+  REQUIRE(report.layers.size() == 2);
+  const auto st = SafeTensors::open(out);
+  CHECK(st.metadata().at("bd.format") == "1");
+  CHECK(st.metadata().at("format") == "pt");
+  CHECK(st.metadata().at("bd.mode") == "qkvo");
+  CHECK_FALSE(st.contains("h.0.attn.c_attn.weight"));
+  CHECK_FALSE(st.contains("h.0.attn.c_proj.bias"));
+  for (Eigen::Index l = 0; l < kLayers; ++l) {
+    const std::string P = "h." + std::to_string(l) + ".attn";
+    CHECK(st.info(P + ".bd_qk.basis").shape == std::vector<std::int64_t>{kD, kHeads * kHeadDim});
+    CHECK(st.info(P + ".bd_qk.coeff").shape == std::vector<std::int64_t>{kD - kHeadDim, kHeads * kHeadDim});
+    CHECK(st.info(P + ".bd_qk.indices").dtype == bd::io::DType::I32);
+    CHECK(st.info(P + ".bd_qk.indices").shape == std::vector<std::int64_t>{kHeads, kHeadDim});
+    CHECK(st.info(P + ".bd_vo.basis").shape == std::vector<std::int64_t>{kHeads * kHeadDim, kD});
+    // The documented rule, with nothing from bd's operator classes but the softmax core.
+    const Eigen::MatrixXd X = bd_test::gaussian(9, kD, 40 + unsigned(l));
+    Eigen::MatrixXd Q = X * st.matrix<double>(P + ".bd_qk.basis");
+    Q.rowwise() += Eigen::RowVectorXd(st.matrix<double>(P + ".bd_qk.bias").transpose());
+    const Eigen::MatrixXd K = bd_projection(X, st.matrix<double>(P + ".bd_qk.coeff"), st.values<double>(P + ".bd_qk.indices"), kHeads, kHeadDim);
+    const Eigen::MatrixXd V = bd_projection(X, st.matrix<double>(P + ".bd_vo.coeff"), st.values<double>(P + ".bd_vo.indices"), kHeads, kHeadDim);
+    bd::nn::AttendSpec spec;
+    spec.n_q = spec.n_k = kHeads;
+    spec.d_qk = spec.d_v = kHeadDim;
+    spec.scale = 1.0 / std::sqrt(double(kHeadDim));  // unchanged
+    spec.causal = true;
+    Eigen::MatrixXd y = bd::nn::attend<double>(Q, K, V, spec) * st.matrix<double>(P + ".bd_vo.basis");
+    y.rowwise() += Eigen::RowVectorXd(st.matrix<double>(P + ".bd_vo.bias").transpose());
+    CHECK(bd_test::max_rel(y, folder.layers[std::size_t(l)].forward(X)) <= bd_test::kFp32OperatorBound);
+  }
+  // Everything else is copied byte for byte.
+  const auto in = SafeTensors::open((folder.dir / "model.safetensors").string());
+  for (const char* name : {"wte.weight", "h.1.ln_1.weight"})
+    CHECK(std::equal(in.bytes(name), in.bytes(name) + (in.info(name).end - in.info(name).begin), st.bytes(name)));
+  fs::remove_all(folder.dir);
+}
+
+TEST_CASE("GPT-2 qk only keeps the value part of the fused c_attn, vo only keeps q|k", "[convert][gpt2]") {
+  Gpt2Folder folder("bd_convert_gpt2_parts");
+  const auto in = SafeTensors::open((folder.dir / "model.safetensors").string());
+  const Eigen::MatrixXd c_attn = in.matrix<double>("h.0.attn.c_attn.weight");
+
+  const auto qk_out = (folder.dir / "qk.safetensors").string();
+  bd::io::convert_checkpoint(folder.dir.string(), qk_out, options(bd::nn::Mode::QK, "bf16"));
+  const auto qk = SafeTensors::open(qk_out);
+  CHECK(qk.info("h.0.attn.bd_qk.basis").dtype == bd::io::DType::BF16);
+  CHECK(qk.matrix<double>("h.0.attn.c_attn_v.weight") == c_attn.rightCols(kD));
+  CHECK(qk.info("h.0.attn.c_attn_v.bias").shape == std::vector<std::int64_t>{kD});
+  CHECK(qk.contains("h.0.attn.c_proj.weight"));
+  CHECK_FALSE(qk.contains("h.0.attn.bd_vo.basis"));
+
+  const auto vo_out = (folder.dir / "vo.safetensors").string();
+  bd::io::convert_checkpoint(folder.dir.string(), vo_out, options(bd::nn::Mode::VO, "f16"));
+  const auto vo = SafeTensors::open(vo_out);
+  CHECK(vo.matrix<double>("h.1.attn.c_attn_qk.weight") == in.matrix<double>("h.1.attn.c_attn.weight").leftCols(2 * kD));
+  CHECK_FALSE(vo.contains("h.1.attn.c_proj.weight"));
+  CHECK(vo.info("h.1.attn.bd_vo.bias").dtype == bd::io::DType::F16);
+  fs::remove_all(folder.dir);
+}
+
+TEST_CASE("a conversion that fails leaves no output file and no temporary", "[convert][bad-input]") {
+  Gpt2Folder folder("bd_convert_gpt2_nan", /*poison=*/true);
+  const auto out = folder.dir / "bd.safetensors";
+  CHECK_THROWS_WITH(bd::io::convert_checkpoint(folder.dir.string(), out.string(), options(bd::nn::Mode::QKVO)),
+                    Contains("h.1.attn") && Contains("nan"));
+  CHECK_FALSE(fs::exists(out));
+  CHECK(std::distance(fs::directory_iterator(folder.dir), {}) == 2);  // config.json and model.safetensors
+  fs::remove_all(folder.dir);
+}
+
+TEST_CASE("a checkpoint of another architecture is named as such", "[convert][bad-input]") {
+  Gpt2Folder folder("bd_convert_wrong_arch");
+  auto o = options(bd::nn::Mode::VO);
+  o.arch = bd::io::Arch::BERT;
+  CHECK_THROWS_WITH(bd::io::convert_checkpoint(folder.dir.string(), (folder.dir / "x.safetensors").string(), o),
+                    Contains("config lacks a positive integer 'hidden_size'"));
+  CHECK_THROWS_WITH(bd::io::parse_arch("t5"), Contains("expected gpt2, bert, llama or deepseek-v2"));
+  fs::remove_all(folder.dir);
+}
