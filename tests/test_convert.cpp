@@ -76,6 +76,24 @@ Eigen::MatrixXd bd_projection(const Eigen::MatrixXd& X, const Eigen::MatrixXd& c
   return out;
 }
 
+/// One attention layer's output computed from a converted file by the documented rule alone
+/// (nothing from bd's operator classes but the softmax core): Q' = X·basis + bias, K'/V' by
+/// bd_projection, y = softmax(Q'·K'ᵀ/√d_h)·V'·bd_vo.basis + bd_vo.bias.
+Eigen::MatrixXd forward_from_file(const SafeTensors& st, const std::string& P, const Eigen::MatrixXd& X, bool causal) {
+  Eigen::MatrixXd Q = X * st.matrix<double>(P + ".bd_qk.basis");
+  Q.rowwise() += Eigen::RowVectorXd(st.matrix<double>(P + ".bd_qk.bias").transpose());
+  const Eigen::MatrixXd K = bd_projection(X, st.matrix<double>(P + ".bd_qk.coeff"), st.values<double>(P + ".bd_qk.indices"), kHeads, kHeadDim);
+  const Eigen::MatrixXd V = bd_projection(X, st.matrix<double>(P + ".bd_vo.coeff"), st.values<double>(P + ".bd_vo.indices"), kHeads, kHeadDim);
+  bd::nn::AttendSpec spec;
+  spec.n_q = spec.n_k = kHeads;
+  spec.d_qk = spec.d_v = kHeadDim;
+  spec.scale = 1.0 / std::sqrt(double(kHeadDim));  // unchanged
+  spec.causal = causal;
+  Eigen::MatrixXd y = bd::nn::attend<double>(Q, K, V, spec) * st.matrix<double>(P + ".bd_vo.basis");
+  y.rowwise() += Eigen::RowVectorXd(st.matrix<double>(P + ".bd_vo.bias").transpose());
+  return y;
+}
+
 }  // namespace
 
 TEST_CASE("GPT-2 qkvo: the written tensors give a forward equal to the dense attention", "[convert][gpt2]") {
@@ -96,19 +114,8 @@ TEST_CASE("GPT-2 qkvo: the written tensors give a forward equal to the dense att
     CHECK(st.info(P + ".bd_qk.indices").dtype == bd::io::DType::I32);
     CHECK(st.info(P + ".bd_qk.indices").shape == std::vector<std::int64_t>{kHeads, kHeadDim});
     CHECK(st.info(P + ".bd_vo.basis").shape == std::vector<std::int64_t>{kHeads * kHeadDim, kD});
-    // The documented rule, with nothing from bd's operator classes but the softmax core.
     const Eigen::MatrixXd X = bd_test::gaussian(9, kD, 40 + unsigned(l));
-    Eigen::MatrixXd Q = X * st.matrix<double>(P + ".bd_qk.basis");
-    Q.rowwise() += Eigen::RowVectorXd(st.matrix<double>(P + ".bd_qk.bias").transpose());
-    const Eigen::MatrixXd K = bd_projection(X, st.matrix<double>(P + ".bd_qk.coeff"), st.values<double>(P + ".bd_qk.indices"), kHeads, kHeadDim);
-    const Eigen::MatrixXd V = bd_projection(X, st.matrix<double>(P + ".bd_vo.coeff"), st.values<double>(P + ".bd_vo.indices"), kHeads, kHeadDim);
-    bd::nn::AttendSpec spec;
-    spec.n_q = spec.n_k = kHeads;
-    spec.d_qk = spec.d_v = kHeadDim;
-    spec.scale = 1.0 / std::sqrt(double(kHeadDim));  // unchanged
-    spec.causal = true;
-    Eigen::MatrixXd y = bd::nn::attend<double>(Q, K, V, spec) * st.matrix<double>(P + ".bd_vo.basis");
-    y.rowwise() += Eigen::RowVectorXd(st.matrix<double>(P + ".bd_vo.bias").transpose());
+    const Eigen::MatrixXd y = forward_from_file(st, P, X, /*causal=*/true);
     CHECK(bd_test::max_rel(y, folder.layers[std::size_t(l)].forward(X)) <= bd_test::kFp32OperatorBound);
   }
   // Everything else is copied byte for byte.
@@ -159,4 +166,95 @@ TEST_CASE("a checkpoint of another architecture is named as such", "[convert][ba
                     Contains("config lacks a positive integer 'hidden_size'"));
   CHECK_THROWS_WITH(bd::io::parse_arch("t5"), Contains("expected gpt2, bert, llama or deepseek-v2"));
   fs::remove_all(folder.dir);
+}
+
+TEST_CASE("BERT layout qkvo: nn.Linear [out, in] weights, biases, bidirectional attention", "[convert][bert]") {
+  const fs::path dir = fs::temp_directory_path() / "bd_convert_bert";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type": "bert", "hidden_size": 48, "num_attention_heads": 4, "num_hidden_layers": 1})";
+  bd_test::LayerSpec s;
+  s.d_q = s.d_kv = s.d_out = kD;
+  s.n_q = s.n_kv = kHeads;
+  s.head_dim = kHeadDim;
+  s.biases = true;
+  const auto layer = bd_test::random_attention(s, 70).cast<float>().cast<double>();
+  const auto& lw = layer.weights();
+  const std::string P = "bert.encoder.layer.0.attention";
+  bd::io::Writer w;
+  w.add<float>(P + ".self.query.weight", lw.Wq.transpose()).add_vector<float>(P + ".self.query.bias", lw.bq);
+  w.add<float>(P + ".self.key.weight", lw.Wk.transpose()).add_vector<float>(P + ".self.key.bias", lw.bk);
+  w.add<float>(P + ".self.value.weight", lw.Wv.transpose()).add_vector<float>(P + ".self.value.bias", lw.bv);
+  w.add<float>(P + ".output.dense.weight", lw.Wo.transpose()).add_vector<float>(P + ".output.dense.bias", lw.bo);
+  w.add_vector<float>(P + ".output.LayerNorm.weight", Eigen::VectorXd::Ones(kD));
+  w.write((dir / "model.safetensors").string());
+  auto o = options(bd::nn::Mode::QKVO);
+  o.arch = bd::io::Arch::BERT;
+  const auto out = (dir / "bd.safetensors").string();
+  bd::io::convert_checkpoint(dir.string(), out, o);
+  const auto st = SafeTensors::open(out);
+  CHECK_FALSE(st.contains(P + ".self.key.bias"));
+  CHECK(st.contains(P + ".output.LayerNorm.weight"));
+  const Eigen::MatrixXd X = bd_test::gaussian(7, kD, 71);
+  const Eigen::MatrixXd y = forward_from_file(st, P, X, /*causal=*/false);
+  CHECK(bd_test::max_rel(y, layer.forward(X)) <= bd_test::kFp32OperatorBound);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("DeepSeek-V2 layout: no-RoPE QK and VO from kv_b_proj, RoPE rows kept", "[convert][deepseek]") {
+  const fs::path dir = fs::temp_directory_path() / "bd_convert_deepseek";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const Eigen::Index d = 64, n = 4, nope = 8, rope = 4, dv = 6, lora = 32;
+  std::ofstream(dir / "config.json") << R"({"model_type": "deepseek_v2", "hidden_size": 64, "num_attention_heads": 4,
+    "num_hidden_layers": 1, "kv_lora_rank": 32, "q_lora_rank": null, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+    "v_head_dim": 6, "rope_theta": 10000})";
+  const std::string P = "model.layers.0.self_attn";
+  const Eigen::MatrixXd q = bd_test::gaussian(n * (nope + rope), d, 80).cast<float>().cast<double>();
+  const Eigen::MatrixXd kv_b = bd_test::gaussian(n * (nope + dv), lora, 81).cast<float>().cast<double>();
+  const Eigen::MatrixXd o = bd_test::gaussian(d, n * dv, 82).cast<float>().cast<double>();
+  bd::io::Writer w;
+  w.add<float>(P + ".q_proj.weight", q).add<float>(P + ".kv_b_proj.weight", kv_b).add<float>(P + ".o_proj.weight", o);
+  w.add<float>(P + ".kv_a_proj_with_mqa.weight", bd_test::gaussian(lora + rope, d, 83));
+  w.add_vector<float>(P + ".kv_a_layernorm.weight", Eigen::VectorXd::Ones(lora));
+  w.write((dir / "model.safetensors").string());
+  auto opts = options(bd::nn::Mode::QKVO);
+  opts.arch = bd::io::Arch::DeepSeekV2;
+  const auto out = (dir / "bd.safetensors").string();
+  bd::io::convert_checkpoint(dir.string(), out, opts);
+  const auto st = SafeTensors::open(out);
+  CHECK(st.info(P + ".bd_qk.basis").shape == std::vector<std::int64_t>{d, n * nope});
+  CHECK(st.info(P + ".bd_qk.coeff").shape == std::vector<std::int64_t>{lora - nope, n * nope});
+  CHECK(st.info(P + ".bd_vo.basis").shape == std::vector<std::int64_t>{n * dv, d});
+  CHECK_FALSE(st.contains(P + ".q_proj.weight"));
+  CHECK_FALSE(st.contains(P + ".kv_b_proj.weight"));
+  CHECK(st.contains(P + ".kv_a_proj_with_mqa.weight"));
+  const Eigen::MatrixXd basis = st.matrix<double>(P + ".bd_qk.basis"), coeff = st.matrix<double>(P + ".bd_qk.coeff");
+  const std::vector<double> idx = st.values<double>(P + ".bd_qk.indices");
+  const Eigen::MatrixXd q_rope_kept = st.matrix<double>(P + ".q_rope_proj.weight");
+  for (Eigen::Index h = 0; h < n; ++h) {
+    // Per head: W = Wq_nope,h·W_uk,hᵀ (d × lora); its columns idx[h] are the basis, the rest basis·coeffᵀ.
+    const Eigen::MatrixXd Wq = q.middleRows(h * (nope + rope), nope).transpose();
+    const Eigen::MatrixXd Wuk = kv_b.middleRows(h * (nope + dv), nope).transpose();
+    const Eigen::MatrixXd W = Wq * Wuk.transpose();
+    const Eigen::MatrixXd B = basis.middleCols(h * nope, nope);
+    const Eigen::MatrixXd rest = B * coeff.middleCols(h * nope, nope).transpose();
+    Eigen::MatrixXd rebuilt(d, lora);
+    Eigen::Index next = 0;
+    for (Eigen::Index c = 0; c < lora; ++c) {
+      Eigen::Index k = 0;
+      while (k < nope && static_cast<Eigen::Index>(idx[std::size_t(h * nope + k)]) != c) ++k;
+      rebuilt.col(c) = k < nope ? Eigen::VectorXd(B.col(k)) : Eigen::VectorXd(rest.col(next++));
+    }
+    // f32 storage of B and C: a few units of 2^-24 relative, amplified by ‖C‖ of a random basis.
+    CHECK((rebuilt - W).squaredNorm() / W.squaredNorm() < 1e-11);
+    CHECK(q_rope_kept.middleRows(h * rope, rope) == q.middleRows(h * (nope + rope) + nope, rope));
+  }
+  opts.mode = bd::nn::Mode::VO;
+  bd::io::convert_checkpoint(dir.string(), out, opts);  // overwrites atomically
+  const auto vo = SafeTensors::open(out);
+  CHECK(vo.contains(P + ".q_proj.weight"));
+  CHECK(vo.matrix<double>(P + ".kv_b_proj_k.weight").rows() == n * nope);
+  CHECK(vo.matrix<double>(P + ".kv_b_proj_k.weight").topRows(nope) == kv_b.topRows(nope));
+  fs::remove_all(dir);
 }

@@ -25,6 +25,7 @@
 #include "bd/core/error.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"
+#include "bd/nn/attention_steps.hpp"
 #include "bd/nn/cost_model.hpp"
 #include "bd/nn/multi_head_attention.hpp"
 #include "bd/nn/projection.hpp"
@@ -158,19 +159,13 @@ private:
     Matrix K, V, Kr;
   };
 
-  static Matrix widen(const Stored& m) { return m.template cast<A>(); }
-  static void add_bias(Matrix& m, const StoredVector& b) {
-    if (b.size()) m.rowwise() += b.template cast<A>().transpose();
-  }
+  static Matrix widen(const Stored& m) { return detail::widen<A>(m); }
+  static void add_bias(Matrix& m, const StoredVector& b) { detail::add_bias<A>(m, b); }
   Index input_dim() const { return d_q_; }
   Index kv_input_dim() const { return d_kv_in_; }
 
   void require_inputs(const Matrix& x, const Matrix& x_kv) const {
-    if (x.cols() != input_dim())
-      throw ShapeError(bd::detail::message("attention input has ", x.cols(), " columns, expected ", input_dim()));
-    if (x_kv.cols() != kv_input_dim())
-      throw ShapeError(bd::detail::message("attention key/value input has ", x_kv.cols(), " columns, expected ",
-                                           kv_input_dim()));
+    detail::require_attention_inputs(input_dim(), kv_input_dim(), x.cols(), x_kv.cols());
   }
 
   static ProductReport summarise(const SharedDecomposition<S>& set) {
@@ -242,14 +237,8 @@ private:
     }
   }
 
-  Matrix kv_source(const Matrix& x_kv) const {
-    if (!dense_.W_dkv.size()) return x_kv;
-    Matrix c = x_kv * widen(dense_.W_dkv);
-    return dense_.kv_norm.size() ? rms_norm<A>(c, dense_.kv_norm.template cast<A>(), config_.norm_eps) : c;
-  }
-
   Projected project_kv(const Matrix& x_kv, Index first_position) const {
-    const Matrix z = kv_source(x_kv);
+    const Matrix z = detail::kv_source<A>(config_, dense_, x_kv);
     const AttentionConfig& c = config_;
     Projected p;
     if (has_qk(mode_)) {
@@ -266,10 +255,7 @@ private:
       p.V = z * widen(dense_.Wv);
       add_bias(p.V, dense_.bv);
     }
-    if (c.rope_dim > 0) {
-      p.Kr = x_kv * widen(dense_.Wk_rope);
-      apply_rope(p.Kr, 1, c.rope_dim, c.rope_dim_theta, first_position);
-    }
+    p.Kr = detail::rope_keys<A>(c, dense_, x_kv, first_position);
     return p;
   }
 
@@ -286,25 +272,8 @@ private:
       add_bias(Q, dense_.bq);
       if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, first_position);
     }
-    AttendSpec spec;
-    spec.n_q = c.n_q;
-    spec.n_k = has_qk(mode_) ? c.n_q : c.n_kv;
-    spec.n_v = has_vo(mode_) ? c.n_q : c.n_kv;
-    spec.d_qk = c.head_dim;
-    spec.d_v = c.value_dim();
-    spec.d_rope = c.rope_dim;
-    spec.scale = c.softmax_scale();
-    spec.causal = c.causal;
-    spec.first_query_position = first_position;
-    Matrix O;
-    if (c.rope_dim > 0) {
-      Matrix Qr = x * widen(dense_.Wq_rope);
-      apply_rope(Qr, c.n_q, c.rope_dim, c.rope_dim_theta, first_position);
-      const ConstRef<A> qr(Qr);
-      O = attend<A>(Q, K, V, spec, &qr, &Kr);
-    } else {
-      O = attend<A>(Q, K, V, spec);
-    }
+    const Matrix O = detail::attend_heads<A>(c, dense_, x, Q, K, V, Kr, has_qk(mode_) ? c.n_q : c.n_kv,
+                                             has_vo(mode_) ? c.n_q : c.n_kv, first_position);
     Matrix y;
     if (has_vo(mode_)) {
       y = O * widen(Bo_);

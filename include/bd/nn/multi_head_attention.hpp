@@ -15,6 +15,7 @@
 #include "bd/core/scalar.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"
+#include "bd/nn/attention_steps.hpp"
 
 namespace bd::nn {
 
@@ -69,67 +70,30 @@ private:
     Matrix K, V, Kr;
   };
 
-  static Matrix widen(const typename AttentionWeights<S>::Matrix& m) { return m.template cast<A>(); }
-  template <typename V>
-  static void add_bias(Matrix& m, const V& b) {
-    if (b.size()) m.rowwise() += b.template cast<A>().transpose();
-  }
-
   void require_inputs(const Matrix& x, const Matrix& x_kv) const {
-    if (x.cols() != input_dim())
-      throw ShapeError(bd::detail::message("attention input has ", x.cols(), " columns, expected ", input_dim()));
-    if (x_kv.cols() != kv_input_dim())
-      throw ShapeError(bd::detail::message("attention key/value input has ", x_kv.cols(), " columns, expected ",
-                                           kv_input_dim()));
-  }
-
-  /// z: the matrix the key/value projections read (the latent for MLA).
-  Matrix kv_source(const Matrix& x_kv) const {
-    if (!weights_.W_dkv.size()) return x_kv;
-    Matrix c = x_kv * widen(weights_.W_dkv);
-    return weights_.kv_norm.size() ? rms_norm<A>(c, weights_.kv_norm.template cast<A>(), config_.norm_eps) : c;
+    detail::require_attention_inputs(input_dim(), kv_input_dim(), x.cols(), x_kv.cols());
   }
 
   Projected project_kv(const Matrix& x_kv, Index first_position) const {
-    const Matrix z = kv_source(x_kv);
+    const Matrix z = detail::kv_source<A>(config_, weights_, x_kv);
     Projected p;
-    p.K = z * widen(weights_.Wk);
-    add_bias(p.K, weights_.bk);
+    p.K = z * detail::widen<A>(weights_.Wk);
+    detail::add_bias<A>(p.K, weights_.bk);
     if (config_.rope_theta > 0) apply_rope(p.K, config_.n_kv, config_.head_dim, config_.rope_theta, first_position);
-    p.V = z * widen(weights_.Wv);
-    add_bias(p.V, weights_.bv);
-    if (config_.rope_dim > 0) {
-      p.Kr = x_kv * widen(weights_.Wk_rope);
-      apply_rope(p.Kr, 1, config_.rope_dim, config_.rope_dim_theta, first_position);
-    }
+    p.V = z * detail::widen<A>(weights_.Wv);
+    detail::add_bias<A>(p.V, weights_.bv);
+    p.Kr = detail::rope_keys<A>(config_, weights_, x_kv, first_position);
     return p;
   }
 
   Matrix attend_and_output(const Matrix& x, const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& Kr,
                            Index first_position) const {
-    Matrix Q = x * widen(weights_.Wq);
-    add_bias(Q, weights_.bq);
+    Matrix Q = x * detail::widen<A>(weights_.Wq);
+    detail::add_bias<A>(Q, weights_.bq);
     if (config_.rope_theta > 0) apply_rope(Q, config_.n_q, config_.head_dim, config_.rope_theta, first_position);
-    AttendSpec spec;
-    spec.n_q = config_.n_q;
-    spec.n_k = config_.n_kv;
-    spec.d_qk = config_.head_dim;
-    spec.d_v = config_.value_dim();
-    spec.d_rope = config_.rope_dim;
-    spec.scale = config_.softmax_scale();
-    spec.causal = config_.causal;
-    spec.first_query_position = first_position;
-    Matrix O;
-    if (config_.rope_dim > 0) {
-      Matrix Qr = x * widen(weights_.Wq_rope);
-      apply_rope(Qr, config_.n_q, config_.rope_dim, config_.rope_dim_theta, first_position);
-      const ConstRef<A> qr(Qr);
-      O = attend<A>(Q, K, V, spec, &qr, &Kr);
-    } else {
-      O = attend<A>(Q, K, V, spec);
-    }
-    Matrix y = O * widen(weights_.Wo);
-    add_bias(y, weights_.bo);
+    const Matrix O = detail::attend_heads<A>(config_, weights_, x, Q, K, V, Kr, config_.n_kv, config_.n_kv, first_position);
+    Matrix y = O * detail::widen<A>(weights_.Wo);
+    detail::add_bias<A>(y, weights_.bo);
     return y;
   }
 

@@ -1,0 +1,70 @@
+// bd/nn/attention_steps.hpp — the steps dense and BD attention share around their projections:
+// checking inputs, the key/value source (the MLA latent), the decoupled RoPE keys, and the
+// softmax over heads with the decoupled RoPE scores added.
+#pragma once
+
+#include <Eigen/Core>
+
+#include "bd/core/error.hpp"
+#include "bd/nn/attention_config.hpp"
+#include "bd/nn/attention_core.hpp"
+
+namespace bd::nn::detail {
+
+template <typename A, typename S>
+MatrixA<A> widen(const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& m) {
+  return m.template cast<A>();
+}
+
+template <typename A, typename S>
+void add_bias(MatrixA<A>& m, const Eigen::Matrix<S, Eigen::Dynamic, 1>& b) {
+  if (b.size()) m.rowwise() += b.template cast<A>().transpose();
+}
+
+inline void require_attention_inputs(Index d_q, Index d_kv_in, Index x_cols, Index x_kv_cols) {
+  if (x_cols != d_q) throw ShapeError(message("attention input has ", x_cols, " columns, expected ", d_q));
+  if (x_kv_cols != d_kv_in)
+    throw ShapeError(message("attention key/value input has ", x_kv_cols, " columns, expected ", d_kv_in));
+}
+
+/// z, the matrix the key/value projections read: x_kv, or RMSNorm(x_kv·W_dkv)·g for MLA.
+template <typename A, typename S>
+MatrixA<A> kv_source(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& x_kv) {
+  if (!w.W_dkv.size()) return x_kv;
+  MatrixA<A> latent = x_kv * widen<A>(w.W_dkv);
+  return w.kv_norm.size() ? rms_norm<A>(latent, w.kv_norm.template cast<A>(), c.norm_eps) : latent;
+}
+
+/// The decoupled RoPE keys shared by all heads (MLA), rotated; empty without decoupled RoPE.
+template <typename A, typename S>
+MatrixA<A> rope_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& x_kv, Index first_position) {
+  if (c.rope_dim == 0) return MatrixA<A>(x_kv.rows(), 0);
+  MatrixA<A> kr = x_kv * widen<A>(w.Wk_rope);
+  apply_rope(kr, 1, c.rope_dim, c.rope_dim_theta, first_position);
+  return kr;
+}
+
+/// O = softmax(Q_h·K_hᵀ·scale [+ rope(x·Wq_rope)_h·Krᵀ·scale])·V_h for every query head; K has
+/// n_k heads and V n_v heads (n_kv for the dense layer, n_q for BD's K'/V').
+template <typename A, typename S>
+MatrixA<A> attend_heads(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& x, const ConstRef<A>& Q,
+                        const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& Kr, Index n_k, Index n_v,
+                        Index first_position) {
+  AttendSpec spec;
+  spec.n_q = c.n_q;
+  spec.n_k = n_k;
+  spec.n_v = n_v;
+  spec.d_qk = c.head_dim;
+  spec.d_v = c.value_dim();
+  spec.d_rope = c.rope_dim;
+  spec.scale = c.softmax_scale();
+  spec.causal = c.causal;
+  spec.first_query_position = first_position;
+  if (c.rope_dim == 0) return attend<A>(Q, K, V, spec);
+  MatrixA<A> qr = x * widen<A>(w.Wq_rope);
+  apply_rope(qr, c.n_q, c.rope_dim, c.rope_dim_theta, first_position);
+  const ConstRef<A> qr_ref(qr);
+  return attend<A>(Q, K, V, spec, &qr_ref, &Kr);
+}
+
+}  // namespace bd::nn::detail

@@ -1,0 +1,80 @@
+// The fused, blocked, multithreaded BD projection equals the plain Eigen expression
+// z[:, S_h] + z[:, R_h]·C_h for every window position, odd L, L below one tile, head counts that
+// do not fill a column block, per-head bases, narrow coefficient storage, 1 and 2 threads.
+#include <bd/nn/projection.hpp>
+
+#include "support.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+using bd::nn::HeadIndices;
+using bd::nn::ProjectionTiling;
+
+namespace {
+
+// Both sides sum the same fp32 products in different orders: |error| ≤ (d_in)·u·Σ|z||C|, far
+// below 1e-5 relative to the output's scale for these sizes and unit-scale entries.
+constexpr double kBound = 1e-5;
+
+template <typename S>
+void check(Eigen::Index L, Eigen::Index d_in, Eigen::Index d, Eigen::Index heads, const HeadIndices& idx,
+           const ProjectionTiling& tiling, unsigned seed) {
+  const Eigen::MatrixXf z = bd_test::gaussian(L, d_in, seed).cast<float>();
+  const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic> C =
+      bd_test::gaussian(d_in - d, heads * d, seed + 1).cast<float>().cast<S>();
+  const Eigen::MatrixXf fused = bd::nn::bd_project<float>(z, idx, C, tiling);
+  const Eigen::MatrixXf reference = bd::nn::bd_project_reference<float>(z, idx, C);
+  INFO("L " << L << ", d_in " << d_in << ", d " << d << ", heads " << heads << ", offset " << idx.offset << ", shared "
+            << idx.shared << ", tiles " << tiling.row_tile << "x" << tiling.column_tile);
+  CHECK((fused - reference).cwiseAbs().maxCoeff() <= kBound * reference.cwiseAbs().maxCoeff());
+}
+
+}  // namespace
+
+TEST_CASE("fused projection: every window position, odd L, partial tiles", "[kernel]") {
+  const Eigen::Index d_in = 40, d = 8, heads = 5;
+  for (Eigen::Index o = 0; o + d <= d_in; ++o)
+    for (Eigen::Index L : {1, 7, 33, 64})
+      check<float>(L, d_in, d, heads, HeadIndices::window(d_in, d, o, heads), ProjectionTiling{16, 24}, unsigned(o + L));
+}
+
+TEST_CASE("fused projection: n·d_h not a multiple of the column block, L below one row tile", "[kernel]") {
+  for (Eigen::Index heads : {1, 3, 7})
+    check<float>(5, 64, 16, heads, HeadIndices::window(64, 16, 16, heads), ProjectionTiling{128, 48}, 3);
+  check<float>(200, 96, 32, 5, HeadIndices::window(96, 32, 64, 5), ProjectionTiling{64, 64}, 4);  // window at the end
+}
+
+TEST_CASE("fused projection: per-head pivoted bases gather their own channels", "[kernel]") {
+  const Eigen::Index d_in = 48, d = 6, heads = 6;
+  std::vector<std::vector<Eigen::Index>> basis;
+  for (Eigen::Index h = 0; h < heads; ++h) {
+    std::vector<Eigen::Index> s;
+    for (Eigen::Index k = 0; k < d; ++k) s.push_back((h * 5 + k * 7) % d_in);
+    std::sort(s.begin(), s.end());
+    basis.push_back(s);
+  }
+  const HeadIndices idx = HeadIndices::from_basis(basis, d_in);
+  REQUIRE_FALSE(idx.shared);
+  for (Eigen::Index L : {1, 19, 70}) check<float>(L, d_in, d, heads, idx, ProjectionTiling{32, 12}, unsigned(L));
+}
+
+TEST_CASE("fused projection: half and bfloat16 coefficients, converted per column block", "[kernel]") {
+  check<Eigen::half>(37, 64, 8, 9, HeadIndices::window(64, 8, 24, 9), ProjectionTiling{16, 32}, 5);
+  check<Eigen::bfloat16>(37, 64, 8, 9, HeadIndices::window(64, 8, 56, 9), ProjectionTiling{16, 32}, 6);
+}
+
+TEST_CASE("fused projection: one thread and two threads give the same result", "[kernel][threads]") {
+#ifdef _OPENMP
+  const int before = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    check<float>(130, 64, 16, 6, HeadIndices::window(64, 16, 32, 6), ProjectionTiling{32, 32}, 7);
+  }
+  omp_set_num_threads(before);
+#else
+  WARN("built without OpenMP: one thread only");
+  check<float>(130, 64, 16, 6, HeadIndices::window(64, 16, 32, 6), ProjectionTiling{32, 32}, 7);
+#endif
+}
