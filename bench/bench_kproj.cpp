@@ -5,19 +5,23 @@
 //   dense_eigen     one Eigen GEMM (multithreaded by Eigen)
 //   dense_blocked   Eigen GEMM on the same row × column tiles as BD, tiles in parallel
 //   dense_openblas  one cblas_sgemm (when OpenBLAS was found)
-//   bd              the fused BD kernel, shared window (bd::nn::bd_project_into)
-//   bd_pivoted      the same with a per-head pivoted basis (gathered per tile)
+//   dense_kernel    bd::kernel::gemm on all 512 channels from zero: BD's own packed kernel
+//                   doing the dense product, the same craft on both sides
+//   bd              the fused BD kernel, a shared window at offset 256 (so rest is two pieces)
+//   bd_pivoted      the same with a per-head pivoted basis (gathered while packing)
 // kproj_bf16: weights stored in bfloat16, activations and accumulation in float; dense
-// baselines convert W one column block at a time, like BD converts C.
+// baselines convert W one block (dense_blocked) or one panel (dense_kernel) at a time, like BD.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <bd/core/gemm_kernel.hpp>
 #include <bd/nn/projection.hpp>
 
 #ifdef BD_HAVE_OPENBLAS
@@ -26,8 +30,8 @@
 
 namespace {
 
-constexpr Eigen::Index kHeads = 128, kD = 512, kDh = 128, kOut = kHeads * kDh;
-const bd::nn::ProjectionTiling kTiling{128, 256};
+constexpr Eigen::Index kHeads = 128, kD = 512, kDh = 128, kOut = kHeads * kDh, kOffset = 256;
+const bd::nn::ProjectionTiling kTiling{};  // bd, bd_pivoted and dense_kernel
 
 const Eigen::MatrixXf& input(Eigen::Index L) {
   static std::map<Eigen::Index, Eigen::MatrixXf> cache;
@@ -70,7 +74,8 @@ void counters(benchmark::State& state, Eigen::Index L, bool bd) {
 /// Dense K = X·W on BD's tiles, W converted per column block when stored narrow.
 template <typename S>
 void dense_blocked(const Eigen::MatrixXf& X, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& W, Eigen::MatrixXf& K) {
-  const Eigen::Index L = X.rows(), rows = kTiling.row_tile, cols = kTiling.column_tile;
+  // 128 × 256 tiles: the fastest for Eigen's GEMM on this shape (kOut % cols == 0).
+  const Eigen::Index L = X.rows(), rows = 128, cols = 256;
   const Eigen::Index row_blocks = (L + rows - 1) / rows, col_blocks = kOut / cols;
 #pragma omp parallel
   {
@@ -89,14 +94,29 @@ void dense_blocked(const Eigen::MatrixXf& X, const Eigen::Matrix<S, Eigen::Dynam
   }
 }
 
+/// Dense K = X·W on bd::kernel::gemm: every channel, accumulators from zero.
+template <typename S>
+void dense_kernel(const Eigen::MatrixXf& X, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& W, Eigen::MatrixXf& K) {
+  static const std::vector<Eigen::Index> all = [] {
+    std::vector<Eigen::Index> c(kD);
+    std::iota(c.begin(), c.end(), 0);
+    return c;
+  }();
+  bd::kernel::GemmArguments<float, S> a;
+  a.rows = X.rows(), a.x = X.data(), a.ldx = X.rows();
+  a.b = W.data(), a.ldb = kD, a.out = K.data(), a.ldo = K.rows();
+  a.segments.push_back({all.data(), kD, 0, kOut});
+  bd::kernel::gemm(a, kTiling.blocking());
+}
+
 template <typename S>
 void run(benchmark::State& state, const std::string& impl) {
   const Eigen::Index L = state.range(0);
   const Eigen::MatrixXf& X = input(L);
-  Eigen::MatrixXf K(L, kOut);
+  Eigen::MatrixXf K = Eigen::MatrixXf::Zero(L, kOut);  // touched: no first-iteration page faults
   const bool bd = impl == "bd" || impl == "bd_pivoted";
   const auto& M = weights<S>(bd);
-  const bd::nn::HeadIndices window = bd::nn::HeadIndices::window(kD, kDh, 0, kHeads);
+  const bd::nn::HeadIndices window = bd::nn::HeadIndices::window(kD, kDh, kOffset, kHeads);
   Eigen::MatrixXf W_float;
   if (impl == "dense_eigen" || impl == "dense_openblas") W_float = M.template cast<float>();  // fp32 only (see below)
   for (auto _ : state) {
@@ -104,6 +124,8 @@ void run(benchmark::State& state, const std::string& impl) {
       K.noalias() = X * W_float;
     } else if (impl == "dense_blocked") {
       dense_blocked<S>(X, M, K);
+    } else if (impl == "dense_kernel") {
+      dense_kernel<S>(X, M, K);
     } else if (impl == "dense_openblas") {
 #ifdef BD_HAVE_OPENBLAS
       // Row-major view of column-major data: K^T = W^T·X^T.
@@ -133,14 +155,17 @@ int register_all() {
   std::vector<std::string> impls{"dense_eigen", "dense_blocked"};
 #ifdef BD_HAVE_OPENBLAS
   impls.push_back("dense_openblas");
+#else
+  std::fprintf(stderr, "bd_bench: built without OpenBLAS (Debian: libopenblas-dev); kproj/dense_openblas is skipped\n");
 #endif
+  impls.push_back("dense_kernel");
   impls.push_back("bd");
   impls.push_back("bd_pivoted");
   for (const auto& impl : impls)
     benchmark::RegisterBenchmark(("kproj/" + impl).c_str(), [impl](benchmark::State& s) { run<float>(s, impl); })->Apply(lengths);
   // bf16 storage: whole-matrix conversion for one GEMM would be the materialised copy the kernels
   // avoid, so the bf16 dense baseline is the blocked one with per-block conversion.
-  for (const std::string impl : {"dense_blocked", "bd", "bd_pivoted"})
+  for (const std::string impl : {"dense_blocked", "dense_kernel", "bd", "bd_pivoted"})
     benchmark::RegisterBenchmark(("kproj_bf16/" + impl).c_str(), [impl](benchmark::State& s) { run<Eigen::bfloat16>(s, impl); })
         ->Apply(lengths);
   return 0;

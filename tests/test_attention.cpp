@@ -178,6 +178,10 @@ TEST_CASE("KV-cache decoding equals running the whole sequence at once", "[atten
       CHECK(max_rel(dense_stepped, full) < 1e-12);
       // K'/V' are cached per query head.
       CHECK(cache.keys().cols() == (bd::nn::has_qk(m) ? s.n_q : s.n_kv) * s.head_dim);
+      // Rolling back the last three tokens and decoding them again gives the same outputs.
+      cache.truncate(8);
+      CHECK(max_rel(bda.decode(x.bottomRows(3), cache), full.bottomRows(3)) < 1e-12);
+      CHECK_THROWS_AS(cache.truncate(12), bd::RangeError);
     }
   }
 }

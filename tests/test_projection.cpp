@@ -1,6 +1,7 @@
 // The fused, blocked, multithreaded BD projection equals the plain Eigen expression
 // z[:, S_h] + z[:, R_h]·C_h for every window position, odd L, L below one tile, head counts that
-// do not fill a column block, per-head bases, narrow coefficient storage, 1 and 2 threads.
+// do not fill a column block, depths split into several passes, per-head bases, narrow
+// coefficient storage, float and double activations, 1 and 2 threads.
 #include <bd/nn/projection.hpp>
 
 #include "support.hpp"
@@ -18,17 +19,30 @@ namespace {
 // below 1e-5 relative to the output's scale for these sizes and unit-scale entries.
 constexpr double kBound = 1e-5;
 
-template <typename S>
+template <typename S, typename A = float>
 void check(Eigen::Index L, Eigen::Index d_in, Eigen::Index d, Eigen::Index heads, const HeadIndices& idx,
            const ProjectionTiling& tiling, unsigned seed) {
-  const Eigen::MatrixXf z = bd_test::gaussian(L, d_in, seed).cast<float>();
+  using MatA = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic>;
+  const MatA z = bd_test::gaussian(L, d_in, seed).cast<A>();
   const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic> C =
-      bd_test::gaussian(d_in - d, heads * d, seed + 1).cast<float>().cast<S>();
-  const Eigen::MatrixXf fused = bd::nn::bd_project<float>(z, idx, C, tiling);
-  const Eigen::MatrixXf reference = bd::nn::bd_project_reference<float>(z, idx, C);
+      bd_test::gaussian(d_in - d, heads * d, seed + 1).cast<A>().template cast<S>();
+  const MatA fused = bd::nn::bd_project<A>(z, idx, C, tiling);
+  const MatA reference = bd::nn::bd_project_reference<A>(z, idx, C);
   INFO("L " << L << ", d_in " << d_in << ", d " << d << ", heads " << heads << ", offset " << idx.offset << ", shared "
-            << idx.shared << ", tiles " << tiling.row_tile << "x" << tiling.column_tile);
-  CHECK((fused - reference).cwiseAbs().maxCoeff() <= kBound * reference.cwiseAbs().maxCoeff());
+            << idx.shared << ", tiles " << tiling.row_tile << "x" << tiling.column_tile << "x" << tiling.depth_tile);
+  const double bound = std::is_same_v<A, float> ? kBound : 1e-13;  // the same argument with double's u
+  CHECK(double((fused - reference).cwiseAbs().maxCoeff()) <= bound * double(reference.cwiseAbs().maxCoeff()));
+}
+
+HeadIndices pivoted(Eigen::Index d_in, Eigen::Index d, Eigen::Index heads) {
+  std::vector<std::vector<Eigen::Index>> basis;
+  for (Eigen::Index h = 0; h < heads; ++h) {
+    std::vector<Eigen::Index> s;
+    for (Eigen::Index k = 0; k < d; ++k) s.push_back((h * 5 + k * 7) % d_in);
+    std::sort(s.begin(), s.end());
+    basis.push_back(s);
+  }
+  return HeadIndices::from_basis(basis, d_in);
 }
 
 }  // namespace
@@ -47,17 +61,20 @@ TEST_CASE("fused projection: n·d_h not a multiple of the column block, L below 
 }
 
 TEST_CASE("fused projection: per-head pivoted bases gather their own channels", "[kernel]") {
-  const Eigen::Index d_in = 48, d = 6, heads = 6;
-  std::vector<std::vector<Eigen::Index>> basis;
-  for (Eigen::Index h = 0; h < heads; ++h) {
-    std::vector<Eigen::Index> s;
-    for (Eigen::Index k = 0; k < d; ++k) s.push_back((h * 5 + k * 7) % d_in);
-    std::sort(s.begin(), s.end());
-    basis.push_back(s);
-  }
-  const HeadIndices idx = HeadIndices::from_basis(basis, d_in);
+  const HeadIndices idx = pivoted(48, 6, 6);
   REQUIRE_FALSE(idx.shared);
-  for (Eigen::Index L : {1, 19, 70}) check<float>(L, d_in, d, heads, idx, ProjectionTiling{32, 12}, unsigned(L));
+  for (Eigen::Index L : {1, 19, 70}) check<float>(L, 48, 6, 6, idx, ProjectionTiling{32, 12}, unsigned(L));
+  // Head widths that leave a partial micro-panel, heads grouped into blocks, several passes.
+  const HeadIndices wide = pivoted(61, 13, 7);
+  REQUIRE_FALSE(wide.shared);
+  for (Eigen::Index L : {17, 50}) check<float>(L, 61, 13, 7, wide, ProjectionTiling{16, 40, 9}, unsigned(L) + 1);
+}
+
+TEST_CASE("fused projection: depth split into passes, double activations", "[kernel]") {
+  for (Eigen::Index o : {0, 5, 24})
+    check<float>(45, 40, 16, 3, HeadIndices::window(40, 16, o, 3), ProjectionTiling{16, 24, 5}, unsigned(o) + 40);
+  check<double, double>(45, 40, 16, 3, HeadIndices::window(40, 16, 7, 3), ProjectionTiling{16, 24, 5}, 50);
+  check<double, double>(33, 61, 13, 7, pivoted(61, 13, 7), ProjectionTiling{}, 51);
 }
 
 TEST_CASE("fused projection: half and bfloat16 coefficients, converted per column block", "[kernel]") {

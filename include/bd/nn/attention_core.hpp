@@ -8,6 +8,9 @@
 
 #include <Eigen/Core>
 
+#include "bd/core/error.hpp"
+#include "bd/core/validate.hpp"
+
 namespace bd::nn {
 
 using Index = Eigen::Index;
@@ -95,6 +98,13 @@ class KVCache {
 public:
   Index length() const { return length_; }
   void clear() { length_ = 0; }
+  /// Forgets every token after the first `length` (rolling back a rejected draft, or a
+  /// benchmark that decodes at a fixed context).
+  void truncate(Index length) {
+    if (length < 0 || length > length_)
+      throw RangeError(bd::detail::message("KVCache::truncate(", length, "): the cache holds ", length_, " tokens"));
+    length_ = length;
+  }
   /// L × heads·d_qk (K' for BD attention), L × heads·d_v, L × rope_dim.
   auto keys() const { return K_.topRows(length_); }
   auto values() const { return V_.topRows(length_); }

@@ -2,6 +2,10 @@
 //     W = U·Vᵀ = B·[I, C]·Pᵀ (column form),   h = x·B,   y[:, S] = h,   y[:, R] = h·C (+ b)
 // r(d_in + d_out − r) parameters and multiply-adds per token instead of r(d_in + d_out): a
 // saving of r/(d_in + d_out), exactly.
+//
+// forward runs both products on bd::kernel::gemm: h = x·B, then h·C written straight into
+// y's rest columns R with the bias as the accumulators' start, so y is written once; the
+// basis columns S are h plus their bias. Narrow storage is converted panel by panel.
 #pragma once
 
 #include <string>
@@ -13,6 +17,7 @@
 
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/decompose.hpp"
+#include "bd/core/gemm_kernel.hpp"
 #include "bd/nn/low_rank_linear.hpp"
 
 namespace bd::nn {
@@ -72,29 +77,53 @@ public:
   Matrix forward(const Matrix& x) const {
     if (x.cols() != input_dim())
       throw ShapeError(bd::detail::message("BDLinear input has ", x.cols(), " columns, expected ", input_dim()));
-    const Matrix h = x * decomposition_.basis().template cast<A>();  // L × r
-    const Matrix rebuilt = h * decomposition_.coeff().template cast<A>();
-    Matrix y(x.rows(), output_dim());
-    y(Eigen::all, decomposition_.indices()) = h;
-    y(Eigen::all, rest_) = rebuilt;
-    if (bias_.size()) y.rowwise() += bias_.template cast<A>().transpose();
+    const auto& B = decomposition_.basis();  // d_in × r
+    const auto& C = decomposition_.coeff();  // r × (d_out − r)
+    const Index L = x.rows(), r = rank();
+    Matrix h(L, r), y(L, output_dim());
+    bd::kernel::GemmArguments<A, S> first;  // h = x·B
+    first.rows = L;
+    first.x = x.data(), first.ldx = L;
+    first.b = B.data(), first.ldb = B.outerStride();
+    first.out = h.data(), first.ldo = L;
+    first.segments.push_back({inputs_.data(), input_dim(), 0, r});
+    bd::kernel::gemm(first);
+    bd::kernel::GemmArguments<A, S> second;  // y[:, R] = h·C + b[R]
+    second.rows = L;
+    second.x = h.data(), second.ldx = L;
+    second.b = C.data(), second.ldb = C.outerStride();
+    second.out = y.data(), second.ldo = L;
+    second.out_columns = rest_.data();
+    second.init_values = bias_rest_.size() ? bias_rest_.data() : nullptr;
+    second.segments.push_back({basis_channels_.data(), r, 0, output_dim() - r});
+    bd::kernel::gemm(second);
+    const auto& S_idx = decomposition_.indices();
+    for (Index k = 0; k < r; ++k) {
+      auto column = y.col(S_idx[static_cast<std::size_t>(k)]);
+      column = h.col(k);
+      if (bias_.size()) column.array() += static_cast<A>(bias_[S_idx[static_cast<std::size_t>(k)]]);
+    }
     return y;
   }
 
 private:
   void finish(const Eigen::VectorXd& bias) {
     rest_ = decomposition_.rest();
+    inputs_ = bd::detail::contiguous(0, decomposition_.rows());
+    basis_channels_ = bd::detail::contiguous(0, decomposition_.rank());
     if (bias.size()) {
       if (bias.size() != decomposition_.cols())
         throw ShapeError(bd::detail::message("BDLinear: bias has ", bias.size(), " entries, expected d_out = ",
                                              decomposition_.cols()));
       bias_ = round_matrix<S>(bias);
+      bias_rest_ = bias_(rest_).template cast<A>();
     }
   }
 
   bd::Decomposition<S> decomposition_;
-  std::vector<Index> rest_;
+  std::vector<Index> rest_, inputs_, basis_channels_;  // R; 0..d_in−1 and 0..r−1, h's channels
   StoredVector bias_;
+  Eigen::Matrix<A, Eigen::Dynamic, 1> bias_rest_;
   double truncation_nmse_ = 0;
 };
 

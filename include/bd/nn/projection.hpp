@@ -5,29 +5,24 @@
 // S_h are head h's basis channels (one shared window, or a pivoted set per head), R_h the
 // others in ascending order, C = [C_1 … C_n] ((d_in − d) × n·d).
 //
-// The kernel is blocked over rows (row_tile) and output columns (column_tile) and fused: each
-// output tile is first filled with its heads' basis channels of z, then the GEMM accumulates
-// into it while it is still in cache — a separate fill pass over the whole output costs 10–15 %
-// (DESIGN.md §4). With a window at offset o, R is two pieces, z[:, 0:o] and z[:, o+d:], so
-// the GEMM is two products against the matching rows of C; nothing is copied. Per-head bases
-// gather each head's R_h columns of the row tile into a small contiguous buffer first.
-// Coefficients stored in half or bfloat16 are converted one column block at a time into a
-// per-thread float buffer, never as a whole matrix. Tiles run in parallel under OpenMP.
+// It runs on bd::kernel::gemm (core/gemm_kernel.hpp), which makes this one fused pass: the
+// accumulators of each micro-tile start from the basis channels z[:, S_h] (no fill pass over
+// the output, which costs 10–15 %, DESIGN.md §4), R_h is gathered while z's row tile is packed
+// (with a window at offset o that is z[:, 0:o] and z[:, o+d:], nothing is copied beyond the
+// packing every GEMM does), and half/bfloat16 coefficients are converted panel by panel. A
+// shared window is one segment of n·d columns; per-head pivoted bases are one segment per
+// head, each packing its own rest channels of the row tile while the tile is in cache.
 #pragma once
 
 #include <algorithm>
-#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
 
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/decomposition.hpp"
+#include "bd/core/gemm_kernel.hpp"
 #include "bd/nn/attention_core.hpp"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace bd::nn {
 
@@ -69,84 +64,44 @@ struct HeadIndices {
   Index heads() const { return static_cast<Index>(basis.size()); }
 };
 
-/// Tile sizes of the fused kernel. A row tile of z (row_tile × d_in floats) and the output tile
-/// (row_tile × column_tile) stay in L2 while a C block (d_in × column_tile) streams through.
+/// Tile sizes of the fused kernel: a row tile of z packed per pass (row_tile × depth_tile stays
+/// in L2), column_tile output columns per task (see bd::kernel::Blocking).
 struct ProjectionTiling {
-  Index row_tile = 128;
-  Index column_tile = 256;  ///< rounded to whole heads
+  Index row_tile = 144;
+  Index column_tile = 768;
+  Index depth_tile = 256;
+
+  bd::kernel::Blocking blocking() const { return {row_tile, depth_tile, column_tile}; }
 };
 
-namespace detail {
-
-inline int threads_for(Index tasks) {
-#ifdef _OPENMP
-  return static_cast<int>(std::max<Index>(1, std::min<Index>(tasks, omp_get_max_threads())));
-#else
-  (void)tasks;
-  return 1;
-#endif
-}
-
-}  // namespace detail
-
 /// out (L × n·d) = [z[:, S_h] + z[:, R_h]·C_h]_h, fused and blocked (see the file comment).
+/// Runs on omp_get_max_threads() threads (OMP_NUM_THREADS), one inside a parallel region.
 template <typename A, typename S>
 void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& C,
                      Eigen::Ref<MatrixA<A>> out, const ProjectionTiling& tiling = {}) {
-  const Index d = idx.head_dim, n = idx.heads(), L = z.rows(), d_in = idx.input_dim;
-  eigen_assert(z.cols() == d_in && C.rows() == d_in - d && C.cols() == n * d && out.rows() == L && out.cols() == n * d &&
-               "bd_project_into: shapes disagree");
-  const Index heads_per_block = std::max<Index>(1, tiling.column_tile / d);
-  const Index column_blocks = (n + heads_per_block - 1) / heads_per_block;
-  const Index row_tile = std::max<Index>(1, tiling.row_tile);
-  const Index row_blocks = (L + row_tile - 1) / row_tile;
-  const Index o = idx.offset, right = d_in - o - d;
-  // Parallel over column blocks (each converts its C block once) and, when there are fewer
-  // blocks than threads, over row tiles too.
-  const Index tasks = column_blocks * row_blocks;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(detail::threads_for(tasks))
-#endif
-  {
-    MatrixA<A> c_buffer, gathered;
-    Index converted_block = -1;
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-    for (Index t = 0; t < tasks; ++t) {
-      const Index cb = t / row_blocks, rb = t % row_blocks;
-      const Index h0 = cb * heads_per_block, hn = std::min(heads_per_block, n - h0);
-      const Index c0 = h0 * d, w = hn * d;
-      const Index r0 = rb * row_tile, rows = std::min(row_tile, L - r0);
-      const A* c_data;
-      if constexpr (std::is_same_v<A, S>) {
-        c_data = C.data() + c0 * C.rows();  // column-major: the block is contiguous
-      } else {
-        if (converted_block != cb) {  // narrow storage: convert this column block once per thread
-          c_buffer = C.middleCols(c0, w).template cast<A>();
-          converted_block = cb;
-        }
-        c_data = c_buffer.data();
-      }
-      const Eigen::Map<const MatrixA<A>> Cb(c_data, C.rows(), w);
-      auto tile = out.block(r0, c0, rows, w);
-      if (idx.shared) {
-        for (Index h = 0; h < hn; ++h) tile.middleCols(h * d, d) = z.block(r0, o, rows, d);  // the window, broadcast
-        if (o > 0) tile.noalias() += z.block(r0, 0, rows, o) * Cb.topRows(o);
-        if (right > 0) tile.noalias() += z.block(r0, o + d, rows, right) * Cb.bottomRows(right);
-      } else {
-        gathered.resize(rows, d_in - d);
-        for (Index h = 0; h < hn; ++h) {
-          const auto& S_h = idx.basis[static_cast<std::size_t>(h0 + h)];
-          const auto& R_h = idx.rest[static_cast<std::size_t>(h0 + h)];
-          for (std::size_t k = 0; k < R_h.size(); ++k) gathered.col(static_cast<Index>(k)) = z.block(r0, R_h[k], rows, 1);
-          auto head = tile.middleCols(h * d, d);
-          for (Index k = 0; k < d; ++k) head.col(k) = z.block(r0, S_h[static_cast<std::size_t>(k)], rows, 1);
-          head.noalias() += gathered * Cb.middleCols(h * d, d);
-        }
-      }
-    }
+  const Index d = idx.head_dim, n = idx.heads(), d_in = idx.input_dim;
+  eigen_assert(z.cols() == d_in && C.rows() == d_in - d && C.cols() == n * d && out.rows() == z.rows() &&
+               out.cols() == n * d && "bd_project_into: shapes disagree");
+  // The basis channel each output column starts from.
+  std::vector<Index> init(static_cast<std::size_t>(n * d));
+  for (Index h = 0; h < n; ++h)
+    for (Index j = 0; j < d; ++j)
+      init[static_cast<std::size_t>(h * d + j)] = idx.basis[static_cast<std::size_t>(idx.shared ? 0 : h)][static_cast<std::size_t>(j)];
+  bd::kernel::GemmArguments<A, S> args;
+  args.rows = z.rows();
+  args.x = z.data();
+  args.ldx = z.outerStride();
+  args.b = C.data();
+  args.ldb = C.outerStride();
+  args.out = out.data();
+  args.ldo = out.outerStride();
+  args.init_channels = init.data();
+  if (idx.shared) {
+    args.segments.push_back({idx.rest.front().data(), d_in - d, 0, n * d});
+  } else {
+    for (Index h = 0; h < n; ++h) args.segments.push_back({idx.rest[static_cast<std::size_t>(h)].data(), d_in - d, h * d, d});
   }
+  bd::kernel::gemm(args, tiling.blocking());
 }
 
 /// The same, returning a new matrix.

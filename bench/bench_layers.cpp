@@ -1,0 +1,209 @@
+// Whole layers, dense against BD, in the same executable with the same threads and precision (fp32):
+//
+//   attention/<mha|bda>/<L>      one causal self-attention forward over L tokens;
+//   decode/<mha|bda>/<context>   one new token against a KV cache of `context` tokens;
+//   linear/<impl>/<shape>        L = 1024 tokens through a LLaMA2-7B projection at the rank that
+//                                keeps 80 % of its parameters (the paper's low-rank table).
+//
+// The attention layer is DeepSeek-V3's MLA at full size except its query LoRA (bd's MLA reads
+// queries straight from x): hidden 7168, 128 heads, latent 512, d_h = 128, decoupled RoPE 64.
+// BD (QK and VO, first-rows basis: speed does not depend on which rows) changes only the key and
+// value projections out of the latent, K'/V' = c[:, S] + c[:, R]·C, so the layer's speedup is
+// bounded by their share of its work, which the `kv_share` counter reports (from the FLOP count).
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include <bd/nn/bd_attention.hpp>
+#include <bd/nn/bd_linear.hpp>
+#include <bd/nn/multi_head_attention.hpp>
+
+#ifdef BD_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace {
+
+using bd::nn::AttentionConfig;
+using bd::nn::AttentionWeights;
+using bd::nn::BDAttention;
+using bd::nn::MultiHeadAttention;
+using Eigen::Index;
+
+// DeepSeek-V3 attention (config.json of deepseek-ai/DeepSeek-V3), without q_lora_rank.
+constexpr Index kHidden = 7168, kHeads = 128, kLatent = 512, kHeadDim = 128, kRopeDim = 64;
+
+struct AttentionPair {
+  MultiHeadAttention<float> dense;
+  BDAttention<float> bd;
+};
+
+const AttentionPair& attention_pair() {
+  static const AttentionPair pair = [] {
+    AttentionConfig c;
+    c.n_q = c.n_kv = kHeads;
+    c.head_dim = c.v_head_dim = kHeadDim;
+    c.rope_dim = kRopeDim;
+    c.causal = true;
+    AttentionWeights<float> w;
+    const auto gaussian = [](Index rows, Index cols, float scale) -> Eigen::MatrixXf {
+      return Eigen::MatrixXf::Random(rows, cols) * (scale * 1.732f);  // uniform with variance scale²
+    };
+    w.Wq = gaussian(kHidden, kHeads * kHeadDim, 1 / std::sqrt(float(kHidden)));
+    w.Wk = gaussian(kLatent, kHeads * kHeadDim, 1 / std::sqrt(float(kLatent)));
+    w.Wv = gaussian(kLatent, kHeads * kHeadDim, 1 / std::sqrt(float(kLatent)));
+    w.Wo = gaussian(kHeads * kHeadDim, kHidden, 1 / std::sqrt(float(kHeads * kHeadDim)));
+    w.W_dkv = gaussian(kHidden, kLatent, 1 / std::sqrt(float(kHidden)));
+    w.kv_norm = Eigen::VectorXf::Ones(kLatent);
+    w.Wq_rope = gaussian(kHidden, kHeads * kRopeDim, 1 / std::sqrt(float(kHidden)));
+    w.Wk_rope = gaussian(kHidden, kRopeDim, 1 / std::sqrt(float(kHidden)));
+    MultiHeadAttention<float> dense(c, std::move(w));
+    auto bd = BDAttention<float>::prepare(dense, bd::nn::BDAttentionOptions{}.with_basis(bd::Basis::First));
+    return AttentionPair{std::move(dense), std::move(bd)};
+  }();
+  return pair;
+}
+
+/// FLOPs of one dense layer over L query tokens and `keys` keys, and the part in K/V projections.
+struct LayerFlops {
+  double total, kv;
+};
+LayerFlops attention_flops(double L, double keys, bool bd) {
+  const double d_qk = kHeadDim + kRopeDim, n_dh = double(kHeads * kHeadDim);
+  const double kv = 2 * L * 2 * (bd ? kLatent - kHeadDim : kLatent) * n_dh;           // K and V
+  const double proj = 2 * L * (kHidden * (n_dh + kHeads * kRopeDim + kLatent + kRopeDim) + n_dh * kHidden);
+  const double attend = 2 * L * keys * kHeads * (d_qk + kHeadDim);                        // scores and P·V
+  return {proj + kv + attend, kv};
+}
+
+void layer_counters(benchmark::State& state, const LayerFlops& f, const LayerFlops& dense) {
+  state.counters["FLOP/s"] = benchmark::Counter(f.total, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["kv_share"] = dense.kv / dense.total;
+  state.counters["theoretical_ratio"] = dense.total / f.total;
+}
+
+void attention(benchmark::State& state, bool bd) {
+  const AttentionPair& pair = attention_pair();
+  const Index L = state.range(0);
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, kHidden);
+  for (auto _ : state) {
+    Eigen::MatrixXf y = bd ? pair.bd.forward(x) : pair.dense.forward(x);
+    benchmark::DoNotOptimize(y.data());
+  }
+  // Causal: the scores are computed in full and masked, so L keys per query.
+  layer_counters(state, attention_flops(double(L), double(L), bd), attention_flops(double(L), double(L), false));
+}
+
+void decode(benchmark::State& state, bool bd) {
+  const AttentionPair& pair = attention_pair();
+  const Index context = state.range(0);
+  // The cache holds `context` tokens of K (K' for BD: one per query head here, as n_q = n_kv),
+  // V and the shared RoPE key; their values do not change the work.
+  bd::nn::KVCache<float> cache;
+  cache.append(Eigen::MatrixXf::Random(context, kHeads * kHeadDim), Eigen::MatrixXf::Random(context, kHeads * kHeadDim),
+               Eigen::MatrixXf::Random(context, kRopeDim));
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
+  for (auto _ : state) {
+    Eigen::MatrixXf y = bd ? pair.bd.decode(x, cache) : pair.dense.decode(x, cache);
+    benchmark::DoNotOptimize(y.data());
+    cache.truncate(context);
+  }
+  layer_counters(state, attention_flops(1, double(context + 1), bd), attention_flops(1, double(context + 1), false));
+}
+
+// ---- linear ----------------------------------------------------------------------------------
+
+constexpr Index kTokens = 1024;
+
+struct LinearShape {
+  Index d_in, d_out;
+  Index rank() const { return Index(0.8 * double(d_in) * double(d_out) / double(d_in + d_out)); }  // 80 % of d_in·d_out
+  std::string name() const { return std::to_string(d_in) + "x" + std::to_string(d_out); }
+};
+
+struct LinearLayers {
+  Eigen::MatrixXf W;
+  bd::nn::LowRankLinear<float> low_rank;
+  bd::nn::BDLinear<float> bd;
+};
+
+const LinearLayers& linear_layers(const LinearShape& s) {
+  static std::map<Index, LinearLayers> cache;
+  auto it = cache.find(s.d_out);
+  if (it == cache.end()) {
+    const Index r = s.rank();
+    Eigen::MatrixXf U = Eigen::MatrixXf::Random(s.d_in, r) / std::sqrt(float(s.d_in));
+    Eigen::MatrixXf V = Eigen::MatrixXf::Random(s.d_out, r) / std::sqrt(float(r));
+    LinearLayers layers;
+    layers.W = U * V.transpose();
+    layers.low_rank = bd::nn::LowRankLinear<float>(U, V);
+    bd::Options opts;
+    opts.basis = bd::Basis::First;
+    layers.bd = bd::nn::BDLinear<float>::from_low_rank(layers.low_rank, opts);
+    it = cache.emplace(s.d_out, std::move(layers)).first;
+  }
+  return it->second;
+}
+
+void linear(benchmark::State& state, const std::string& impl, const LinearShape& s) {
+  const LinearLayers& layers = linear_layers(s);
+  const Index r = s.rank();
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(kTokens, s.d_in);
+  Eigen::MatrixXf y(kTokens, s.d_out), h(kTokens, r);
+  const Eigen::MatrixXf& U = layers.low_rank.U();
+  const Eigen::MatrixXf Vt = layers.low_rank.V().transpose();  // r × d_out, for the BLAS call
+  for (auto _ : state) {
+    if (impl == "dense") {
+      y.noalias() = x * layers.W;
+    } else if (impl == "lowrank") {
+      y = layers.low_rank.forward(x);
+    } else if (impl == "bd") {
+      y = layers.bd.forward(x);
+#ifdef BD_HAVE_OPENBLAS
+    } else if (impl == "dense_openblas") {
+      cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(kTokens), int(s.d_out), int(s.d_in), 1.0f, x.data(),
+                  int(kTokens), layers.W.data(), int(s.d_in), 0.0f, y.data(), int(kTokens));
+    } else if (impl == "lowrank_openblas") {
+      cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(kTokens), int(r), int(s.d_in), 1.0f, x.data(),
+                  int(kTokens), U.data(), int(s.d_in), 0.0f, h.data(), int(kTokens));
+      cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(kTokens), int(s.d_out), int(r), 1.0f, h.data(),
+                  int(kTokens), Vt.data(), int(r), 0.0f, y.data(), int(kTokens));
+#endif
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double dense = 2.0 * double(s.d_in) * double(s.d_out), low = 2.0 * double(r) * double(s.d_in + s.d_out),
+               bd = 2.0 * double(r) * double(s.d_in + s.d_out - r);
+  const double flops = impl.rfind("dense", 0) == 0 ? dense : impl.rfind("lowrank", 0) == 0 ? low : bd;
+  state.counters["FLOP/s"] = benchmark::Counter(flops * double(kTokens), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["theoretical_ratio"] = low / bd;  // BD against the low-rank layer it equals
+  state.counters["rank"] = double(r);
+}
+
+int register_all() {
+  for (const bool bd : {false, true}) {
+    const std::string name = bd ? "bda" : "mha";
+    benchmark::RegisterBenchmark(("attention/" + name).c_str(), [bd](benchmark::State& s) { attention(s, bd); })
+        ->Arg(64)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
+    benchmark::RegisterBenchmark(("decode/" + name).c_str(), [bd](benchmark::State& s) { decode(s, bd); })
+        ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
+  }
+  std::vector<std::string> impls{"dense", "lowrank", "bd"};
+#ifdef BD_HAVE_OPENBLAS
+  impls.insert(impls.begin() + 1, "dense_openblas");
+  impls.insert(impls.begin() + 3, "lowrank_openblas");
+#endif
+  for (const LinearShape s : {LinearShape{4096, 4096}, LinearShape{4096, 11008}})
+    for (const auto& impl : impls)
+      benchmark::RegisterBenchmark(("linear/" + impl + "/" + s.name()).c_str(),
+                                   [impl, s](benchmark::State& st) { linear(st, impl, s); })
+          ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace

@@ -1,0 +1,158 @@
+// bd::kernel::gemm equals the plain Eigen expression it replaces,
+//     out[:, col(c)] = init(c) + X[:, chan]·B[:, c],
+// for every edge the blocking creates: rows not a multiple of the micro-tile (odd L, L below
+// one tile), widths not a multiple of NR, depths split into several passes or empty, segments
+// that share a column block, scattered output columns, bias and channel starts, narrow B,
+// float and double, 1 and 2 threads. This file is compiled twice: with the build's native
+// flags (the AVX2 micro-kernels where the machine has them) and without (the portable one).
+#include <numeric>
+
+#include <bd/core/gemm_kernel.hpp>
+
+#include "support.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef BD_KERNEL_TEST_TAG
+#define BD_KERNEL_TEST_TAG "[kernel]"
+#endif
+
+namespace {
+
+using bd::kernel::Blocking;
+using bd::kernel::Index;
+using bd::kernel::Segment;
+
+template <typename T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+
+// Both sides sum the same products in different orders: |error| ≤ depth·u·Σ|x||b| plus the
+// start value's rounding; with unit Gaussian entries and depth ≤ 100 that is below 64·depth·u
+// relative to the output's largest entry.
+template <typename T>
+double bound(Index depth) {
+  return 64.0 * double(std::max<Index>(depth, 1)) * double(Eigen::NumTraits<T>::epsilon());
+}
+
+std::vector<Index> channels_of(Index first, Index count, Index stride = 1) {
+  std::vector<Index> c;
+  for (Index k = 0; k < count; ++k) c.push_back(first + k * stride);
+  return c;
+}
+
+/// One segment over all of B's columns, reading X's channels `chan`, starting from `init`
+/// (channels of X) or `bias`, written to `cols` of an output wider than B.
+template <typename T, typename S>
+void check(Index L, const std::vector<Index>& chan, Index N, const Blocking& blk, unsigned seed,
+           const std::vector<Index>* init = nullptr, bool bias = false, const std::vector<Index>* cols = nullptr) {
+  const Index K = static_cast<Index>(chan.size()), x_width = 2 * K + 3, out_width = cols ? 2 * N + 1 : N;
+  const Mat<T> X = bd_test::gaussian(L, x_width, seed).cast<T>();
+  const Mat<S> B = bd_test::gaussian(K, N, seed + 1).cast<T>().template cast<S>();
+  const Eigen::Matrix<T, Eigen::Dynamic, 1> b = bd_test::gaussian(N, 1, seed + 2).cast<T>();
+  Mat<T> out = Mat<T>::Constant(L, out_width, T(7));  // columns the kernel must not touch keep 7
+  Mat<T> expected = out;
+  Mat<T> reference = X(Eigen::all, chan) * B.template cast<T>();
+  for (Index c = 0; c < N; ++c) {
+    if (init) reference.col(c) += X.col((*init)[std::size_t(c)]);
+    if (bias) reference.col(c).array() += b[c];
+    expected.col(cols ? (*cols)[std::size_t(c)] : c) = reference.col(c);
+  }
+  bd::kernel::GemmArguments<T, S> a;
+  a.rows = L;
+  a.x = X.data(), a.ldx = X.outerStride();
+  a.b = B.data(), a.ldb = B.outerStride();
+  a.out = out.data(), a.ldo = out.outerStride();
+  a.out_columns = cols ? cols->data() : nullptr;
+  a.init_channels = init ? init->data() : nullptr;
+  a.init_values = bias ? b.data() : nullptr;
+  a.segments.push_back({chan.data(), K, 0, N});
+  bd::kernel::gemm(a, blk);
+  INFO("L " << L << ", K " << K << ", N " << N << ", tiles " << blk.mc << "x" << blk.kc << "x" << blk.nc);
+  const double scale = std::max(1.0, double(expected.cwiseAbs().maxCoeff()));
+  CHECK(double((out - expected).cwiseAbs().maxCoeff()) <= bound<T>(K) * scale);
+}
+
+}  // namespace
+
+TEST_CASE("gemm kernel: dense product for odd rows, widths and depths", BD_KERNEL_TEST_TAG) {
+  for (Index L : {1, 5, 16, 17, 33, 100})
+    for (Index N : {1, 4, 6, 7, 13, 40})
+      for (Index K : {1, 3, 24, 50}) {
+        check<float, float>(L, channels_of(0, K), N, Blocking{32, 16, 12}, unsigned(L * 131 + N * 7 + K));
+        check<double, double>(L, channels_of(0, K), N, Blocking{16, 20, 18}, unsigned(L * 131 + N * 7 + K + 1));
+      }
+}
+
+TEST_CASE("gemm kernel: default blocking, several passes over a long depth", BD_KERNEL_TEST_TAG) {
+  check<float, float>(70, channels_of(0, 97), 50, Blocking{}, 11);
+  check<float, float>(70, channels_of(0, 97), 50, Blocking{48, 10, 36}, 12);  // 10 passes of ≤ 10
+  check<double, double>(45, channels_of(0, 97), 31, Blocking{8, 1, 6}, 13);   // one channel per pass
+}
+
+TEST_CASE("gemm kernel: gathered channels, starts from channels or a bias, scattered columns", BD_KERNEL_TEST_TAG) {
+  const std::vector<Index> chan{5, 0, 9, 2, 11, 12, 3};  // any order, any channels of X
+  const std::vector<Index> init{1, 4, 4, 6, 7, 8, 10, 13, 14, 16, 1};
+  std::vector<Index> cols(init.size());
+  for (std::size_t c = 0; c < cols.size(); ++c) cols[c] = Index(2 * c + 1) % 23;  // a permutation's image
+  for (Index L : {3, 16, 37}) {
+    check<float, float>(L, chan, 11, Blocking{16, 4, 6}, unsigned(L), &init);
+    check<float, float>(L, chan, 11, Blocking{16, 4, 6}, unsigned(L) + 1, nullptr, true);
+    check<float, float>(L, chan, 11, Blocking{16, 4, 6}, unsigned(L) + 2, &init, false, &cols);
+    check<double, double>(L, chan, 11, Blocking{8, 3, 4}, unsigned(L) + 3, nullptr, true, &cols);
+  }
+}
+
+TEST_CASE("gemm kernel: an empty depth writes the start values alone", BD_KERNEL_TEST_TAG) {
+  const std::vector<Index> init{2, 0, 1};
+  check<float, float>(19, {}, 3, Blocking{}, 21, &init);
+  check<float, float>(19, {}, 3, Blocking{}, 22, nullptr, true);
+}
+
+TEST_CASE("gemm kernel: half and bfloat16 B are converted while packing", BD_KERNEL_TEST_TAG) {
+  // B is rounded to S before the reference sees it, so only the summation order differs.
+  check<float, Eigen::half>(29, channels_of(1, 20, 2), 15, Blocking{16, 8, 12}, 31);
+  check<float, Eigen::bfloat16>(29, channels_of(1, 20, 2), 15, Blocking{16, 8, 12}, 32);
+  check<double, float>(29, channels_of(1, 20, 2), 15, Blocking{16, 8, 12}, 33);
+}
+
+TEST_CASE("gemm kernel: segments with their own channels share column blocks", BD_KERNEL_TEST_TAG) {
+  // Three segments of widths 5, 9, 4 reading different channels; nc = 12 puts the first two in
+  // one block and splits nothing smaller than a block.
+  const Index L = 41, width = 18;
+  const std::vector<std::vector<Index>> chan{{0, 1, 2, 3}, {7, 5, 3, 1, 8}, {9}};
+  const std::vector<Index> first{0, 5, 14}, widths{5, 9, 4};
+  const Mat<float> X = bd_test::gaussian(L, 10, 41).cast<float>();
+  const Mat<float> B = bd_test::gaussian(5, width, 42).cast<float>();
+  for (Index nc : {6, 12, 100}) {
+    Mat<float> out(L, width);
+    bd::kernel::GemmArguments<float, float> a;
+    a.rows = L, a.x = X.data(), a.ldx = L, a.b = B.data(), a.ldb = 5, a.out = out.data(), a.ldo = L;
+    for (std::size_t s = 0; s < 3; ++s) a.segments.push_back({chan[s].data(), Index(chan[s].size()), first[s], widths[s]});
+    bd::kernel::gemm(a, Blocking{16, 3, nc});
+    for (std::size_t s = 0; s < 3; ++s) {
+      const Index K = Index(chan[s].size());
+      const Mat<float> expected = X(Eigen::all, chan[s]) * B.block(0, first[s], K, widths[s]);
+      INFO("segment " << s << ", nc " << nc);
+      CHECK((out.middleCols(first[s], widths[s]) - expected).cwiseAbs().maxCoeff() <= bound<float>(K) * 10);
+    }
+  }
+}
+
+TEST_CASE("gemm kernel: one thread and two threads agree bit for bit", BD_KERNEL_TEST_TAG "[threads]") {
+  // Every output element is summed by one thread in the same order whatever the thread count.
+  const std::vector<Index> chan = channels_of(0, 60);
+  const Mat<float> X = bd_test::gaussian(130, 60, 51).cast<float>();
+  const Mat<float> B = bd_test::gaussian(60, 45, 52).cast<float>();
+  Mat<float> one(130, 45), two(130, 45);
+  for (int threads : {1, 2}) {
+    bd::kernel::GemmArguments<float, float> a;
+    a.rows = 130, a.x = X.data(), a.ldx = 130, a.b = B.data(), a.ldb = 60;
+    a.out = (threads == 1 ? one : two).data(), a.ldo = 130;
+    a.segments.push_back({chan.data(), 60, 0, 45});
+    bd::kernel::gemm(a, Blocking{32, 24, 12}, threads);
+  }
+  CHECK(one == two);
+  CHECK((one - X * B).cwiseAbs().maxCoeff() <= bound<float>(60) * 10);
+}
