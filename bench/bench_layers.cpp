@@ -102,8 +102,8 @@ void decode(benchmark::State& state, bool bd) {
   // The cache holds `context` tokens of K (K' for BD: one per query head here, as n_q = n_kv),
   // V and the shared RoPE key; their values do not change the work.
   bd::nn::KVCache<float> cache;
-  cache.append(Eigen::MatrixXf::Random(context, kHeads * kHeadDim), Eigen::MatrixXf::Random(context, kHeads * kHeadDim),
-               Eigen::MatrixXf::Random(context, kRopeDim));
+  cache.append(Eigen::MatrixXf::Constant(context, kHeads * kHeadDim, 0.01f),
+               Eigen::MatrixXf::Constant(context, kHeads * kHeadDim, 0.01f), Eigen::MatrixXf::Constant(context, kRopeDim, 0.01f));
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
   for (auto _ : state) {
     Eigen::MatrixXf y = bd ? pair.bd.decode(x, cache) : pair.dense.decode(x, cache);

@@ -2,7 +2,9 @@
 # Third-party headers (Eigen, Catch2, benchmark) come in as SYSTEM includes and are exempt.
 function(bd_strict_warnings target)
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-    target_compile_options(${target} PRIVATE -Wall -Wextra -Werror)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror>)
+    # CUDA sources: nvcc's own warnings and the host compiler's, both as errors.
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)
   endif()
 endfunction()
 

@@ -3,6 +3,8 @@
 // softmax over heads with the decoupled RoPE scores added.
 #pragma once
 
+#include <type_traits>
+
 #include <Eigen/Core>
 
 #include "bd/core/error.hpp"
@@ -11,9 +13,15 @@
 
 namespace bd::nn::detail {
 
+/// m as the arithmetic type A: the matrix itself when it is stored in A (no copy of a weight
+/// per call), otherwise a cast expression that the product evaluates.
 template <typename A, typename S>
-MatrixA<A> widen(const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& m) {
-  return m.template cast<A>();
+decltype(auto) widen(const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& m) {
+  if constexpr (std::is_same_v<A, S>) {
+    return (m);
+  } else {
+    return m.template cast<A>();
+  }
 }
 
 template <typename A, typename S>

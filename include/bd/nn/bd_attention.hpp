@@ -159,7 +159,7 @@ private:
     Matrix K, V, Kr;
   };
 
-  static Matrix widen(const Stored& m) { return detail::widen<A>(m); }
+  static decltype(auto) widen(const Stored& m) { return detail::widen<A>(m); }
   static void add_bias(Matrix& m, const StoredVector& b) { detail::add_bias<A>(m, b); }
   Index input_dim() const { return d_q_; }
   Index kv_input_dim() const { return d_kv_in_; }
