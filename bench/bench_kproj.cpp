@@ -144,6 +144,9 @@ void run(benchmark::State& state, const std::string& impl) {
 }
 
 void lengths(benchmark::internal::Benchmark* b) {
+  // 1 and 4: decoding (one token, or a few draft tokens, per step), where the projection streams
+  // its weights once and the gain is the bytes BD does not read; then the paper's lengths.
+  for (Eigen::Index L : {1, 4}) b->Arg(L);
   for (Eigen::Index L = 64; L <= 65536; L *= 2) b->Arg(L);
   b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 }

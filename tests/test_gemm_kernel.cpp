@@ -156,3 +156,42 @@ TEST_CASE("gemm kernel: one thread and two threads agree bit for bit", BD_KERNEL
   CHECK(one == two);
   CHECK((one - X * B).cwiseAbs().maxCoeff() <= bound<float>(60) * 10);
 }
+
+TEST_CASE("gemm kernel: a few rows (decoding) stream B unpacked with the same results", BD_KERNEL_TEST_TAG) {
+  // L ≤ skinny_rows takes the dot-product path, L = skinny_rows + 1 the packed one: both must
+  // equal the reference for every kind of start, scattered columns and narrow B.
+  const std::vector<Index> chan{5, 0, 9, 2, 11, 12, 3};
+  const std::vector<Index> init{1, 4, 4, 6, 7, 8, 10, 13, 14, 16, 1};
+  std::vector<Index> cols(init.size());
+  for (std::size_t c = 0; c < cols.size(); ++c) cols[c] = Index(2 * c + 1) % 23;
+  const std::vector<Index> empty_depth_init{2, 0, 1};  // X has 2·0 + 3 channels then
+  for (Index L = 1; L <= bd::kernel::detail::skinny_rows + 1; ++L) {
+    check<float, float>(L, chan, 11, Blocking{16, 4, 6}, unsigned(L) + 60, &init);
+    check<float, float>(L, chan, 11, Blocking{16, 4, 6}, unsigned(L) + 61, nullptr, true, &cols);
+    check<double, double>(L, channels_of(0, 97), 11, Blocking{}, unsigned(L) + 62, &init, false, &cols);
+    check<float, Eigen::half>(L, channels_of(1, 20, 2), 15, Blocking{}, unsigned(L) + 63);
+    check<float, Eigen::bfloat16>(L, channels_of(1, 20, 2), 11, Blocking{}, unsigned(L) + 64, &init);
+    check<float, float>(L, {}, 3, Blocking{}, unsigned(L) + 65, &empty_depth_init);
+  }
+}
+
+TEST_CASE("gemm kernel: a few rows over segments and two threads", BD_KERNEL_TEST_TAG "[threads]") {
+  // Wide enough (3 × 200 × 300 products) for the unpacked path to share columns among threads.
+  const Index L = 3, K = 200, N = 300;
+  const std::vector<Index> first = channels_of(0, K), second = channels_of(K + 2, K, 1);
+  const Mat<float> X = bd_test::gaussian(L, 2 * K + 2, 71).cast<float>();
+  const Mat<float> B = bd_test::gaussian(K, N, 72).cast<float>();
+  Mat<float> one(L, N), two(L, N);
+  for (int threads : {1, 2}) {
+    bd::kernel::GemmArguments<float, float> a;
+    a.rows = L, a.x = X.data(), a.ldx = L, a.b = B.data(), a.ldb = K;
+    a.out = (threads == 1 ? one : two).data(), a.ldo = L;
+    a.segments.push_back({first.data(), K, 0, 120});
+    a.segments.push_back({second.data(), K, 120, N - 120});
+    bd::kernel::gemm(a, Blocking{}, threads);
+  }
+  CHECK(one == two);
+  CHECK((one.leftCols(120) - X(Eigen::all, first) * B.leftCols(120)).cwiseAbs().maxCoeff() <= bound<float>(K) * 10);
+  CHECK((one.rightCols(N - 120) - X(Eigen::all, second) * B.rightCols(N - 120)).cwiseAbs().maxCoeff() <=
+        bound<float>(K) * 10);
+}

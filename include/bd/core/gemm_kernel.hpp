@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -340,6 +341,92 @@ inline std::vector<Block> make_blocks(const std::vector<Segment>& segments, Inde
   return blocks;
 }
 
+/// dst[0, n) = src[0, n) converted. bfloat16 → float is the upper half of the float's bits:
+/// written as integer shifts so that the compiler vectorises it (the scalar conversion does not).
+template <typename S, typename T>
+void convert_column(const S* src, Index n, T* dst) {
+  if constexpr (std::is_same_v<S, Eigen::bfloat16> && std::is_same_v<T, float>) {
+    for (Index k = 0; k < n; ++k) {
+      const std::uint32_t bits = std::uint32_t(src[k].value) << 16;
+      std::memcpy(dst + k, &bits, sizeof(float));
+    }
+  } else {
+    for (Index k = 0; k < n; ++k) dst[k] = static_cast<T>(src[k]);
+  }
+}
+
+/// Rows at or below which gemm() takes the unpacked path below (decoding: one token per step,
+/// a few with speculative drafts).
+inline constexpr Index skinny_rows = 4;
+
+/// The GEMM for a few rows, where packing would cost more than it saves: packing B reads and
+/// writes all of it to be read once more, and an MR-row micro-tile would compute MR/L times the
+/// work. Here every output value is one dot product of a gathered row of X with a column of B
+/// read where it lies (converted from S on the fly, never copied), so B streams through once:
+/// the bandwidth bound that one token's projection has. Columns are shared among the threads.
+/// `threads` ≥ 1.
+template <typename T, typename S>
+void gemm_skinny(const GemmArguments<T, S>& a, Index total, int threads) {
+  using Vector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  const Index L = a.rows;
+  // X's rows gathered per segment, each row contiguous over the segment's channels; and for
+  // every column of the concatenated segments, its segment and column of B.
+  std::vector<Index> offsets, segment_of(static_cast<std::size_t>(total)), column_of(static_cast<std::size_t>(total));
+  Index gathered_size = 0, g = 0;
+  for (std::size_t s = 0; s < a.segments.size(); ++s) {
+    offsets.push_back(gathered_size);
+    gathered_size += L * a.segments[s].depth;
+    for (Index j = 0; j < a.segments[s].width; ++j, ++g) {
+      segment_of[static_cast<std::size_t>(g)] = static_cast<Index>(s);
+      column_of[static_cast<std::size_t>(g)] = a.segments[s].first_column + j;
+    }
+  }
+  std::vector<T> gathered(static_cast<std::size_t>(std::max<Index>(1, gathered_size)));
+  for (std::size_t s = 0; s < a.segments.size(); ++s) {
+    const Segment& seg = a.segments[s];
+    for (Index i = 0; i < L; ++i)
+      for (Index k = 0; k < seg.depth; ++k) gathered[static_cast<std::size_t>(offsets[s] + i * seg.depth + k)] = a.x[seg.channels[k] * a.ldx + i];
+  }
+  Index work = 0, max_depth = 1;
+  for (const Segment& seg : a.segments) {
+    work += L * seg.depth * seg.width;
+    max_depth = std::max(max_depth, seg.depth);
+  }
+  // A narrow B's column is converted once into its thread's buffer, then read by every row.
+  constexpr bool convert = !std::is_same_v<S, T>;
+  std::vector<T> columns(convert ? static_cast<std::size_t>(max_depth * std::max(1, threads)) : 0);
+  (void)threads;
+  (void)work;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (work >= (Index(1) << 16))
+#endif
+  for (Index col = 0; col < total; ++col) {
+    const std::size_t s = static_cast<std::size_t>(segment_of[static_cast<std::size_t>(col)]);
+    const Segment& seg = a.segments[s];
+    const Index c = column_of[static_cast<std::size_t>(col)];
+    const S* source = a.b + c * a.ldb;
+    const T* b = nullptr;
+    if constexpr (convert) {
+#ifdef _OPENMP
+      T* buffer = columns.data() + omp_get_thread_num() * max_depth;
+#else
+      T* buffer = columns.data();
+#endif
+      convert_column(source, seg.depth, buffer);
+      b = buffer;
+    } else {
+      b = source;
+    }
+    const Eigen::Map<const Vector> column(b, seg.depth);
+    T* out = a.out + (a.out_columns ? a.out_columns[c] : c) * a.ldo;
+    for (Index i = 0; i < L; ++i) {
+      const T start = a.init_channels ? a.x[a.init_channels[c] * a.ldx + i] : a.init_values ? a.init_values[c] : T(0);
+      const Eigen::Map<const Vector> row(gathered.data() + offsets[s] + i * seg.depth, seg.depth);
+      out[i] = seg.depth ? T(start + row.dot(column)) : start;
+    }
+  }
+}
+
 }  // namespace detail
 
 /// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours
@@ -350,6 +437,7 @@ inline std::vector<Block> make_blocks(const std::vector<Segment>& segments, Inde
 /// ranges, cut anywhere, and the rows into threads / column_groups equal ranges only when the
 /// columns are too narrow to give every thread four micro-panels. A thread packs each B block of
 /// its range once, so B is packed once in all, and every thread gets the same share of work.
+/// At most detail::skinny_rows rows (decoding) take an unpacked path that streams B once.
 template <typename T, typename S>
 void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 0) {
   constexpr Index MR = MicroTile<T>::mr, NR = MicroTile<T>::nr;
@@ -365,6 +453,7 @@ void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 
 #else
   threads = 1;
 #endif
+  if (a.rows <= detail::skinny_rows) return detail::gemm_skinny(a, total, threads);
   const Index row_units = (a.rows + MR - 1) / MR;
   Index column_groups = std::max(1, threads);
   while (column_groups > 1 && (total / column_groups < 4 * NR || threads % column_groups)) --column_groups;
