@@ -115,21 +115,23 @@ __global__ void __launch_bounds__(kThreads) bd_projection(ProjectionParams p) {
 
   // Accumulators start from the window: element (r, c) begins as X[r, o + c mod d_h]. A thread
   // holds columns c, c+1 (same head: d_h is even) of rows r and r+8 of each m16n8 tile.
+  // for_pairs visits every (row, column pair) this thread holds, with its two accumulators.
   float acc[4][4][4];
+  const auto for_pairs = [&](auto&& visit) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = col0 + warp_col + j * 8 + quad * 2;
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = row0 + warp_row + i * 16 + group + half * 8;
-        float2 v = make_float2(0.f, 0.f);
-        if (r < p.rows && c < N)
-          v = P::to_float2(*reinterpret_cast<const typename P::type*>(X + size_t(r) * d + p.offset + c % p.head_dim));
-        acc[i][j][half * 2] = v.x, acc[i][j][half * 2 + 1] = v.y;
-      }
-    }
+        for (int half = 0; half < 2; ++half)
+          visit(row0 + warp_row + i * 16 + group + half * 8, col0 + warp_col + j * 8 + quad * 2, &acc[i][j][half * 2]);
+  };
+  for_pairs([&](int r, int c, float* pair) {
+    float2 v = make_float2(0.f, 0.f);
+    if (r < p.rows && c < N)
+      v = P::to_float2(*reinterpret_cast<const typename P::type*>(X + size_t(r) * d + p.offset + c % p.head_dim));
+    pair[0] = v.x, pair[1] = v.y;
+  });
 
   // One k-tile: 128 × 32 of X_rest (2 chunks of 8 per thread) and 32 × 128 of C (2 per thread).
   const auto load = [&](int stage, int k0) {
@@ -182,19 +184,10 @@ __global__ void __launch_bounds__(kThreads) bd_projection(ProjectionParams p) {
   }
 
   // Round once and store each thread's pairs.
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = col0 + warp_col + j * 8 + quad * 2;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = row0 + warp_row + i * 16 + group + half * 8;
-        if (r < p.rows && c < N)
-          *reinterpret_cast<typename P::type*>(out + size_t(r) * N + c) =
-              P::from_floats(acc[i][j][half * 2], acc[i][j][half * 2 + 1]);
-      }
-    }
+  for_pairs([&](int r, int c, const float* pair) {
+    if (r < p.rows && c < N)
+      *reinterpret_cast<typename P::type*>(out + size_t(r) * N + c) = P::from_floats(pair[0], pair[1]);
+  });
 #else
   __trap();  // built for an architecture without m16n8k16 tensor cores: fail loudly
 #endif
