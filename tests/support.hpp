@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <bd/bd.hpp>
+#include <bd/kernel/cpu.hpp>
 
 /// Checks that expr throws Type and that what() satisfies a string matcher.
 #define BD_CHECK_THROWS_CONTAINING(expr, Type, matcher) \
@@ -75,6 +76,26 @@ double rounding_bound(const bd::Decomposition<Scalar>& d, double u) {
   const Eigen::MatrixXd C = d.coeff().template cast<double>().cwiseAbs();
   const Eigen::MatrixXd CB = d.side() == bd::Side::Row ? Eigen::MatrixXd(C * B) : Eigen::MatrixXd(B * C);
   return 1.01 * u * u * (4 * CB.squaredNorm() + B.squaredNorm()) / (d.report().norm * d.report().norm);
+}
+
+/// Runs body() once on every kernel instruction set (bd::kernel::Isa), forced with use_isa();
+/// a set this CPU lacks is reported as skipped, by name. The choice in force before is restored.
+template <typename Body>
+void for_each_isa(Body&& body) {
+  using bd::kernel::Isa;
+  struct Restore {
+    Isa before = bd::kernel::active_isa();
+    ~Restore() { bd::kernel::use_isa(before); }
+  } restore;
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
+    if (!bd::kernel::cpu_has(isa)) {
+      WARN("skipped: CPU lacks " << (isa == Isa::avx512 ? "AVX-512 (F, BW, DQ, VL)" : "AVX2 + FMA"));
+      continue;
+    }
+    bd::kernel::use_isa(isa);
+    INFO("kernels: " << bd::kernel::to_string(isa));
+    body();
+  }
 }
 
 /// The folder beside the project root that holds the real model, or "" when absent.

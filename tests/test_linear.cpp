@@ -25,6 +25,29 @@ TEST_CASE("BDLinear from a low-rank layer equals it, bias included", "[linear]")
   }
 }
 
+TEST_CASE("BDLinear equals the low-rank layer on every kernel path, packed and decoding sizes", "[linear][kernel]") {
+  // Long enough depths for several passes of the packed kernel (d_in = 900 > kc), a rank that
+  // leaves partial micro-tiles, a pivoted basis (scattered S and R), a bias, 1…300 tokens.
+  const Eigen::MatrixXf U = (bd_test::gaussian(900, 37, 5) / 30).cast<float>();
+  const Eigen::MatrixXf V = (bd_test::gaussian(260, 37, 6) / 6).cast<float>();
+  const Eigen::VectorXf b = bd_test::gaussian(260, 1, 7).cast<float>();
+  const LowRankLinear<float> layer(U, V, b);
+  const auto bd_layer = BDLinear<float>::from_low_rank(layer, bd::Options{}.with_basis(bd::Basis::Pivoted));
+  bd_test::for_each_isa([&] {
+    for (Eigen::Index L : {1, 4, 5, 33, 300}) {
+      INFO("L = " << L);
+      const Eigen::MatrixXf x = bd_test::gaussian(L, 900, unsigned(L)).cast<float>();
+      CHECK(max_rel(bd_layer.forward(x), layer.forward(x)) <= bd_test::kFp32OperatorBound);
+      Eigen::MatrixXf y = Eigen::MatrixXf::Constant(L, 260, 7.0f);  // every entry must be written
+      bd_layer.forward_into(x, y);
+      CHECK(y == bd_layer.forward(x));
+    }
+  });
+  Eigen::MatrixXf wrong(3, 259);
+  CHECK_THROWS_WITH(bd_layer.forward_into(Eigen::MatrixXf::Ones(3, 900), wrong),
+                    Contains("BDLinear output is 3x259, expected 3x260"));
+}
+
 TEST_CASE("BDLinear from a dense W: truncation error reported apart from the BD error", "[linear]") {
   const Eigen::MatrixXd W = bd_test::gaussian(64, 48, 3);
   const auto layer = BDLinear<double>::from_dense(W, 12);

@@ -3,9 +3,10 @@
 // r(d_in + d_out − r) parameters and multiply-adds per token instead of r(d_in + d_out): a
 // saving of r/(d_in + d_out), exactly.
 //
-// forward runs both products on bd::kernel::gemm: h = x·B, then h·C written straight into
-// y's rest columns R with the bias as the accumulators' start, so y is written once; the
-// basis columns S are h plus their bias. Narrow storage is converted panel by panel.
+// forward runs both products on bd::kernel::gemm (runtime-dispatched micro-kernels): h = x·B
+// written into y's basis columns S, then h·C read from there and written straight into y's
+// rest columns R with the bias as the accumulators' start. No buffer besides y, no copy pass;
+// narrow storage is converted panel by panel.
 #pragma once
 
 #include <string>
@@ -17,7 +18,7 @@
 
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/decompose.hpp"
-#include "bd/core/gemm_kernel.hpp"
+#include "bd/kernel/gemm.hpp"
 #include "bd/nn/low_rank_linear.hpp"
 
 namespace bd::nn {
@@ -74,43 +75,54 @@ public:
   Index parameters() const { return decomposition_.parameters(); }
   const StoredVector& bias() const { return bias_; }
 
-  Matrix forward(const Matrix& x) const {
+  /// y = x·W + b (L × d_out).
+  Matrix forward(const ConstRef<A>& x) const {
+    Matrix y(x.rows(), output_dim());
+    forward_into(x, y);
+    return y;
+  }
+
+  /// The same into a caller's y (L × d_out), which needs no other buffer: the first product
+  /// writes h = x·B straight into y's basis columns S, the second reads them back as its input
+  /// and writes y[:, R] = h·C + b_R, and b_S is added to y[:, S] last.
+  void forward_into(const ConstRef<A>& x, Eigen::Ref<Matrix> y) const {
     if (x.cols() != input_dim())
       throw ShapeError(bd::detail::message("BDLinear input has ", x.cols(), " columns, expected ", input_dim()));
+    if (y.rows() != x.rows() || y.cols() != output_dim())
+      throw ShapeError(bd::detail::message("BDLinear output is ", y.rows(), "x", y.cols(), ", expected ", x.rows(), "x",
+                                           output_dim()));
     const auto& B = decomposition_.basis();  // d_in × r
     const auto& C = decomposition_.coeff();  // r × (d_out − r)
     const Index L = x.rows(), r = rank();
-    Matrix h(L, r), y(L, output_dim());
-    bd::kernel::GemmArguments<A, S> first;  // h = x·B
+    const auto& S_idx = decomposition_.indices();
+    bd::kernel::GemmArguments<A, S> first;  // y[:, S] = h = x·B
     first.rows = L;
-    first.x = x.data(), first.ldx = L;
+    first.x = x.data(), first.ldx = x.outerStride();
     first.b = B.data(), first.ldb = B.outerStride();
-    first.out = h.data(), first.ldo = L;
+    first.out = y.data(), first.ldo = y.outerStride();
+    first.out_columns = S_idx.data();
     first.segments.push_back({inputs_.data(), input_dim(), 0, r});
     bd::kernel::gemm(first);
-    bd::kernel::GemmArguments<A, S> second;  // y[:, R] = h·C + b[R]
+    bd::kernel::GemmArguments<A, S> second;  // y[:, R] = h·C + b_R, h read from y[:, S]
     second.rows = L;
-    second.x = h.data(), second.ldx = L;
+    second.x = y.data(), second.ldx = y.outerStride();
     second.b = C.data(), second.ldb = C.outerStride();
-    second.out = y.data(), second.ldo = L;
+    second.out = y.data(), second.ldo = y.outerStride();
     second.out_columns = rest_.data();
     second.init_values = bias_rest_.size() ? bias_rest_.data() : nullptr;
-    second.segments.push_back({basis_channels_.data(), r, 0, output_dim() - r});
+    second.segments.push_back({S_idx.data(), r, 0, output_dim() - r});
     bd::kernel::gemm(second);
-    const auto& S_idx = decomposition_.indices();
-    for (Index k = 0; k < r; ++k) {
-      auto column = y.col(S_idx[static_cast<std::size_t>(k)]);
-      column = h.col(k);
-      if (bias_.size()) column.array() += static_cast<A>(bias_[S_idx[static_cast<std::size_t>(k)]]);
-    }
-    return y;
+    if (bias_.size())
+      for (Index k = 0; k < r; ++k) {
+        const Index s = S_idx[static_cast<std::size_t>(k)];
+        y.col(s).array() += static_cast<A>(bias_[s]);
+      }
   }
 
 private:
   void finish(const Eigen::VectorXd& bias) {
     rest_ = decomposition_.rest();
     inputs_ = bd::detail::contiguous(0, decomposition_.rows());
-    basis_channels_ = bd::detail::contiguous(0, decomposition_.rank());
     if (bias.size()) {
       if (bias.size() != decomposition_.cols())
         throw ShapeError(bd::detail::message("BDLinear: bias has ", bias.size(), " entries, expected d_out = ",
@@ -121,7 +133,7 @@ private:
   }
 
   bd::Decomposition<S> decomposition_;
-  std::vector<Index> rest_, inputs_, basis_channels_;  // R; 0..d_in−1 and 0..r−1, h's channels
+  std::vector<Index> rest_, inputs_;  // R; 0..d_in−1
   StoredVector bias_;
   Eigen::Matrix<A, Eigen::Dynamic, 1> bias_rest_;
   double truncation_nmse_ = 0;

@@ -5,7 +5,7 @@
 // S_h are head h's basis channels (one shared window, or a pivoted set per head), R_h the
 // others in ascending order, C = [C_1 … C_n] ((d_in − d) × n·d).
 //
-// It runs on bd::kernel::gemm (core/gemm_kernel.hpp), which makes this one fused pass: the
+// It runs on bd::kernel::gemm (kernel/gemm.hpp, runtime-dispatched micro-kernels), which makes this one fused pass: the
 // accumulators of each micro-tile start from the basis channels z[:, S_h] (no fill pass over
 // the output, which costs 10–15 %, DESIGN.md §4), R_h is gathered while z's row tile is packed
 // (with a window at offset o that is z[:, 0:o] and z[:, o+d:], nothing is copied beyond the
@@ -21,7 +21,7 @@
 
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/decomposition.hpp"
-#include "bd/core/gemm_kernel.hpp"
+#include "bd/kernel/gemm.hpp"
 #include "bd/nn/attention_core.hpp"
 
 namespace bd::nn {
@@ -64,21 +64,11 @@ struct HeadIndices {
   Index heads() const { return static_cast<Index>(basis.size()); }
 };
 
-/// Tile sizes of the fused kernel: a row tile of z packed per pass (row_tile × depth_tile stays
-/// in L2), column_tile output columns per task (see bd::kernel::Blocking).
-struct ProjectionTiling {
-  Index row_tile = 144;
-  Index column_tile = 768;
-  Index depth_tile = 256;
-
-  bd::kernel::Blocking blocking() const { return {row_tile, depth_tile, column_tile}; }
-};
-
 /// out (L × n·d) = [z[:, S_h] + z[:, R_h]·C_h]_h, fused and blocked (see the file comment).
 /// Runs on omp_get_max_threads() threads (OMP_NUM_THREADS), one inside a parallel region.
 template <typename A, typename S>
 void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& C,
-                     Eigen::Ref<MatrixA<A>> out, const ProjectionTiling& tiling = {}) {
+                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {}) {
   const Index d = idx.head_dim, n = idx.heads(), d_in = idx.input_dim;
   eigen_assert(z.cols() == d_in && C.rows() == d_in - d && C.cols() == n * d && out.rows() == z.rows() &&
                out.cols() == n * d && "bd_project_into: shapes disagree");
@@ -101,15 +91,15 @@ void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::
   } else {
     for (Index h = 0; h < n; ++h) args.segments.push_back({idx.rest[static_cast<std::size_t>(h)].data(), d_in - d, h * d, d});
   }
-  bd::kernel::gemm(args, tiling.blocking());
+  bd::kernel::gemm(args, blocking);
 }
 
 /// The same, returning a new matrix.
 template <typename A, typename S>
 MatrixA<A> bd_project(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& C,
-                      const ProjectionTiling& tiling = {}) {
+                      const bd::kernel::Blocking& blocking = {}) {
   MatrixA<A> out(z.rows(), idx.heads() * idx.head_dim);
-  bd_project_into<A, S>(z, idx, C, out, tiling);
+  bd_project_into<A, S>(z, idx, C, out, blocking);
   return out;
 }
 

@@ -1,0 +1,57 @@
+// bd/kernel/arguments.hpp — what one call of bd::kernel::gemm computes, described by pointers:
+//
+//     out[:, col(c)] = init(c) + Σ_k X[:, chan(k)] · B(k, c)          for c in a segment
+//
+// Column-major everywhere. A segment is a run of B's columns that share one list of X channels
+// as their K dimension (a shared window: one segment; per-head pivoted bases: one per head).
+#pragma once
+
+#include <vector>
+
+#include <Eigen/Core>
+
+namespace bd::kernel {
+
+using Index = Eigen::Index;
+
+/// Cache blocking. mc rows of X per packed A block at most (a thread's rows are cut into equal
+/// blocks of whole micro-tiles, so no block ends in a mostly empty tile), kc of the K dimension
+/// per pass (K is split into equal passes of at most kc; a B micro-panel kc × NR stays in L1
+/// while the A block streams from L2), nc output columns per task (rounded up to NR).
+/// kc = 384 keeps BD's key projection (depth d − d_h = 384 at DeepSeek's shape) in one pass, so
+/// each output tile is written once. Chosen on a 2-core Zen 4 EPYC with both the AVX2 and the
+/// AVX-512 kernels (bench/bench_kproj.cpp): 256 cost 3–10 % at L = 256…1024, and mc 96…192,
+/// nc 768 against 384 or 1536 differed by less than the run-to-run noise.
+struct Blocking {
+  Index mc = 144;
+  Index kc = 384;
+  Index nc = 768;
+};
+
+/// Columns [first_column, first_column + width) of B and of the output that share one list of
+/// X channels as their K dimension (`depth` channels, read in list order against B's rows).
+struct Segment {
+  const Index* channels = nullptr;
+  Index depth = 0;
+  Index first_column = 0;
+  Index width = 0;
+};
+
+/// One GEMM. T is the arithmetic type (float or double), S the storage type of B (T, or half /
+/// bfloat16, converted while packing).
+template <typename T, typename S>
+struct GemmArguments {
+  Index rows = 0;                        ///< L
+  const T* x = nullptr;                  ///< X (L × any), leading dimension ldx ≥ L
+  Index ldx = 0;
+  const S* b = nullptr;                  ///< B (K × N), leading dimension ldb
+  Index ldb = 0;
+  T* out = nullptr;                      ///< output, leading dimension ldo ≥ L
+  Index ldo = 0;
+  const Index* out_columns = nullptr;    ///< output column of each B column; null: the same index
+  const Index* init_channels = nullptr;  ///< X channel each output column starts from; null: none
+  const T* init_values = nullptr;        ///< value each output column starts from (a bias); null: 0
+  std::vector<Segment> segments;
+};
+
+}  // namespace bd::kernel

@@ -1,0 +1,121 @@
+// bd/kernel/cpu.hpp — which instruction set the kernels run on, chosen when the program runs.
+//
+// bd is header-only, so its kernels are compiled with the flags of the program that includes
+// them: usually no -march at all (x86-64 baseline, SSE2). The micro-kernels therefore carry
+// their instruction set in a per-function target attribute and are compiled whatever the
+// flags; this file picks, once per process, the widest set the CPU (and the OS, which must save
+// the wide registers) supports:
+//
+//   Isa::avx512    AVX-512 F, BW, DQ and VL (Skylake-X and later, Zen 4 and later)
+//   Isa::avx2      AVX2 and FMA (Haswell and later, Zen 1 and later)
+//   Isa::portable  plain C++, any CPU and any compiler
+//
+// The environment variable BD_CPU=portable|avx2|avx512 forces a path (for tests and benchmark
+// sweeps); a path the CPU lacks is refused with an error naming what the CPU has. In a program
+// use_isa() does the same.
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "bd/core/error.hpp"
+
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) && !defined(BD_NO_DISPATCH)
+#define BD_KERNEL_X86 1
+// Per-function instruction sets. AVX-512 kernels ask for the same four extensions the CPU check
+// requires, so that nothing they inline can need more than was verified.
+#define BD_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define BD_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+#endif
+
+namespace bd::kernel {
+
+enum class Isa { portable = 0, avx2 = 1, avx512 = 2 };
+
+inline const char* to_string(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    default: return "portable";
+  }
+}
+
+/// Whether this CPU (and OS) can run the kernels of `isa`. The compiler's CPU model checks the
+/// OS's XCR0 bits too, so a kernel never faults on a CPU whose OS does not save zmm registers.
+inline bool cpu_has(Isa isa) {
+#ifdef BD_KERNEL_X86
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  static const bool avx512 = [] {
+    __builtin_cpu_init();
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  }();
+  switch (isa) {
+    case Isa::avx512: return avx512;
+    case Isa::avx2: return avx2;
+    default: return true;
+  }
+#else
+  return isa == Isa::portable;
+#endif
+}
+
+/// The widest instruction set this CPU runs.
+inline Isa best_isa() {
+  if (cpu_has(Isa::avx512)) return Isa::avx512;
+  if (cpu_has(Isa::avx2)) return Isa::avx2;
+  return Isa::portable;
+}
+
+/// What the CPU has, for messages: "avx512, avx2, portable".
+inline std::string cpu_isas() {
+  std::string out;
+  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable}) {
+    if (!cpu_has(isa)) continue;
+    if (!out.empty()) out += ", ";
+    out += to_string(isa);
+  }
+  return out;
+}
+
+/// Parses "portable", "avx2" or "avx512"; throws RangeError otherwise or when the CPU lacks it.
+inline Isa parse_isa(const char* name, const char* source) {
+  Isa isa;
+  if (std::strcmp(name, "portable") == 0) isa = Isa::portable;
+  else if (std::strcmp(name, "avx2") == 0) isa = Isa::avx2;
+  else if (std::strcmp(name, "avx512") == 0) isa = Isa::avx512;
+  else
+    throw RangeError(bd::detail::message(source, " is '", name, "': expected portable, avx2 or avx512"));
+  if (!cpu_has(isa))
+    throw RangeError(bd::detail::message(source, " asks for ", name, ", which this CPU lacks (it runs: ", cpu_isas(), ")"));
+  return isa;
+}
+
+namespace detail {
+/// The process-wide choice: BD_CPU when set, the best path otherwise. Read once, on first use.
+inline std::atomic<int>& isa_choice() {
+  static std::atomic<int> choice{[] {
+    const char* forced = std::getenv("BD_CPU");
+    return static_cast<int>(forced && *forced ? parse_isa(forced, "BD_CPU") : best_isa());
+  }()};
+  return choice;
+}
+}  // namespace detail
+
+/// The instruction set every kernel call uses now.
+inline Isa active_isa() { return static_cast<Isa>(detail::isa_choice().load(std::memory_order_relaxed)); }
+
+/// Makes every later kernel call use `isa` (tests, benchmark sweeps); RangeError when the CPU
+/// lacks it. Not meant to be called while another thread runs a kernel.
+inline void use_isa(Isa isa) {
+  if (!cpu_has(isa))
+    throw RangeError(bd::detail::message("use_isa(", to_string(isa), "): this CPU lacks it (it runs: ", cpu_isas(), ")"));
+  detail::isa_choice().store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+}  // namespace bd::kernel

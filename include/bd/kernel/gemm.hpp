@@ -1,0 +1,63 @@
+// bd/kernel/gemm.hpp — bd::kernel::gemm, the GEMM behind every BD projection:
+//
+//     out[:, col(c)] = init(c) + Σ_k X[:, chan(k)] · B(k, c)          (arguments.hpp)
+//
+// Three things a plain GEMM call cannot do, done where they cost nothing: X's channels are
+// gathered while packing (pack.hpp), the accumulators start from init(c) so the output is
+// written once (loop.hpp), and a half/bfloat16 B is converted panel by panel (pack.hpp).
+//
+// The micro-kernel is chosen when the program runs (cpu.hpp): AVX-512, AVX2 + FMA or portable,
+// whatever flags the program was compiled with. float and double have SIMD kernels; other
+// arithmetic types run the portable one.
+#pragma once
+
+#include <type_traits>
+
+#include "bd/kernel/arguments.hpp"
+#include "bd/kernel/cpu.hpp"
+#include "bd/kernel/loop.hpp"
+#include "bd/kernel/micro_kernel_avx2.hpp"
+#include "bd/kernel/micro_kernel_avx512.hpp"
+#include "bd/kernel/micro_kernel_portable.hpp"
+#include "bd/kernel/skinny.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace bd::kernel {
+
+namespace detail {
+template <typename Kernel, typename T, typename S>
+void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads) {
+  if (a.rows <= skinny_rows) return gemm_skinny<Kernel>(a, threads);
+  gemm_packed<Kernel>(a, total, blk, threads);
+}
+}  // namespace detail
+
+/// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours
+/// OMP_NUM_THREADS; 1 inside a parallel region) with the kernels of active_isa(). Preconditions (asserted where cheap): pointers and leading dimensions cover every
+/// index the segments, channel and column lists name. Results are bit-identical for any number
+/// of threads; different instruction sets sum in different orders (last-bit differences).
+template <typename T, typename S>
+void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 0) {
+  eigen_assert(a.rows >= 0 && a.ldx >= a.rows && a.ldo >= a.rows && "bd::kernel::gemm: leading dimensions");
+  Index total = 0;
+  for (const auto& seg : a.segments) total += seg.width;
+  if (a.rows == 0 || total == 0) return;
+#ifdef _OPENMP
+  if (threads <= 0) threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+  threads = 1;
+#endif
+#ifdef BD_KERNEL_X86
+  const Isa isa = active_isa();
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (isa == Isa::avx512) return detail::gemm_on<Avx512Kernel<T>>(a, total, blk, threads);
+    if (isa == Isa::avx2) return detail::gemm_on<Avx2Kernel<T>>(a, total, blk, threads);
+  }
+#endif
+  detail::gemm_on<PortableKernel<T>>(a, total, blk, threads);
+}
+
+}  // namespace bd::kernel

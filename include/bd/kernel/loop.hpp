@@ -1,0 +1,209 @@
+// bd/kernel/loop.hpp — the loop nest around a micro-kernel (BLIS's, Van Zee & van de Geijn
+// 2015, transposed for column-major output):
+//
+//   for each column block of ≤ nc columns (a thread's share)
+//     for each depth pass of ≤ kc (K split evenly: no remainder)    B pass packed: kc × nc, L2/L3
+//       for each row block of mc rows                               A packed: mc × kc, L2
+//         for each NR-column micro-panel of B                       kc × NR, stays in L1
+//           for each MR-row micro-panel of A                        streams from L2
+//             micro-kernel: MR × NR accumulators in registers
+//
+// Only one depth pass of B is packed at a time, so a deep product (BDLinear's h = x·B over
+// d_in = 4096) streams its packed B from L2/L3 once per row block instead of from memory.
+//
+// The first depth pass starts the accumulators from init(c) (BD's basis channel, a bias or 0),
+// later passes from the output itself: the output is written once per pass, never filled.
+// Kernel is one of PortableKernel / Avx2Kernel / Avx512Kernel<T>: its tile shape (mr, nr) sets
+// the packing, its tile() does the arithmetic. Each OpenMP thread owns an equal share of the
+// columns (and of the rows when columns are few); every buffer is allocated before the
+// parallel region, so nothing inside it can throw.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "bd/kernel/arguments.hpp"
+#include "bd/kernel/pack.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace bd::kernel::detail {
+
+/// Part of one segment inside a column block.
+struct Piece {
+  Index segment, c0, w;
+};
+
+/// A task's columns: whole segments or parts of one, about nc columns in all, so that a row
+/// block of X stays in L2 while every piece of the block uses it.
+struct Block {
+  std::vector<Piece> pieces;
+  Index packed_size = 0;  // packed B for one depth pass of all pieces
+};
+
+/// The pieces of columns [from, to) of the concatenated segments, grouped into blocks of at most
+/// nc columns: a segment that fits is not split, a wider one is cut into equal blocks.
+inline std::vector<Block> make_blocks(const std::vector<Segment>& segments, Index from, Index to, Index nc, Index nr,
+                                      Index kc) {
+  std::vector<Block> blocks;
+  Index block_width = nc, start = 0;  // start: the first column of the current segment
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    const Segment& seg = segments[s];
+    const Index lo = std::max(from, start), hi = std::min(to, start + seg.width);
+    start += seg.width;
+    if (lo >= hi) continue;
+    const Index width = hi - lo, parts = (width + nc - 1) / nc;
+    const Index part = round_up((width + parts - 1) / parts, nr);
+    for (Index c = lo; c < hi; c += part) {
+      const Index w = std::min(part, hi - c);
+      if (block_width + w > nc) blocks.emplace_back(), block_width = 0;
+      const Index c0 = seg.first_column + (c - (start - seg.width));
+      blocks.back().pieces.push_back({static_cast<Index>(s), c0, w});
+      blocks.back().packed_size += pass_depth(seg.depth, kc) * round_up(w, nr);
+      block_width += w;
+    }
+  }
+  return blocks;
+}
+
+/// Depth pass `p` of a piece: channels [k0, k0 + kn) of its segment; false when the piece has
+/// fewer passes. A segment of depth 0 has one empty pass (its outputs are their start values).
+inline bool piece_pass(const Segment& seg, Index kc, Index p, Index& k0, Index& kn) {
+  const Index passes = seg.depth == 0 ? 1 : (seg.depth + kc - 1) / kc;
+  if (p >= passes) return false;
+  k0 = p * kc, kn = std::min(kc, seg.depth - k0);
+  return true;
+}
+
+/// Packs pass `p` of B for every piece of a block, one after the other (see pack_b).
+template <typename Kernel, typename T, typename S>
+void pack_block_pass(const GemmArguments<T, S>& a, const Block& block, const Blocking& blk, Index p, T* packed) {
+  for (const Piece& piece : block.pieces) {
+    const Segment& seg = a.segments[static_cast<std::size_t>(piece.segment)];
+    Index k0, kn;
+    if (!piece_pass(seg, pass_depth(seg.depth, blk.kc), p, k0, kn)) continue;
+    pack_b<Kernel::nr>(a, piece.c0, piece.w, k0, kn, packed);
+    packed += kn * round_up(piece.w, Kernel::nr);
+  }
+}
+
+/// Rows [r0, r1) of pass `p` of one block; packed_b holds that pass of the block's B, pieces one
+/// after the other. The first pass starts the accumulators from init(c), later ones from the
+/// output.
+template <typename Kernel, typename T, typename S>
+void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, Index r0, Index r1, const Blocking& blk,
+                    const T* packed_b, T* packed_a) {
+  constexpr Index MR = Kernel::mr, NR = Kernel::nr;
+  // Equal row blocks of whole micro-tiles, at most blk.mc rows each (256 rows and mc = 144: two
+  // blocks of 128, not 144 + 112 with a half-empty tile).
+  const Index row_blocks = std::max<Index>(1, (r1 - r0 + blk.mc - 1) / std::max<Index>(1, blk.mc));
+  const Index mc = round_up((r1 - r0 + row_blocks - 1) / row_blocks, MR);
+  const auto out_column = [&](Index c) { return a.out + (a.out_columns ? a.out_columns[c] : c) * a.ldo; };
+  const bool first = p == 0;
+  T edge[MR * NR];  // a partial micro-tile computes here and copies its valid part out
+  for (Index r = r0; r < r1; r += mc) {
+    const Index m = std::min(mc, r1 - r);
+    Index packed_segment = -1;  // whose channels packed_a holds for these rows and this pass
+    const T* panel_b = packed_b;
+    for (const Piece& piece : block.pieces) {
+      const Segment& seg = a.segments[static_cast<std::size_t>(piece.segment)];
+      Index k0, kn;
+      if (!piece_pass(seg, pass_depth(seg.depth, blk.kc), p, k0, kn)) continue;
+      if (packed_segment != piece.segment) {
+        pack_a<MR>(a, seg, r, m, k0, kn, packed_a);
+        packed_segment = piece.segment;
+      }
+      for (Index j0 = 0; j0 < piece.w; j0 += NR, panel_b += NR * kn) {
+        const Index nj = std::min(NR, piece.w - j0);
+        const Index c = piece.c0 + j0;  // first B column of the micro-panel
+        for (Index i0 = 0; i0 < m; i0 += MR) {
+          const Index mi = std::min(MR, m - i0), row = r + i0;
+          const T* src[NR];
+          T* dst[NR];
+          T values[NR];
+          bool from_values = false;
+          for (Index j = 0; j < nj; ++j) {
+            dst[j] = out_column(c + j) + row;
+            if (!first) {
+              src[j] = dst[j];
+            } else if (a.init_channels) {
+              src[j] = a.x + a.init_channels[c + j] * a.ldx + row;
+            } else {
+              from_values = true;
+              values[j] = a.init_values ? a.init_values[c + j] : T(0);
+            }
+          }
+          if (mi == MR && (nj == NR || Kernel::any_width)) {
+            Kernel::tile(nj, kn, packed_a + i0 * kn, panel_b, from_values ? nullptr : src, values, dst);
+            continue;
+          }
+          T* local[NR];  // zero-padded copy of the tile's start, all NR columns computed
+          for (Index j = 0; j < NR; ++j) {
+            local[j] = edge + j * MR;
+            for (Index i = 0; i < MR; ++i) local[j][i] = i < mi && j < nj ? (from_values ? values[j] : src[j][i]) : T(0);
+          }
+          Kernel::tile(NR, kn, packed_a + i0 * kn, panel_b, local, static_cast<const T*>(nullptr), local);
+          for (Index j = 0; j < nj; ++j) std::copy(local[j], local[j] + mi, dst[j]);
+        }
+      }
+    }
+  }
+}
+
+/// The packed GEMM on one kernel. Work is split as a grid: the columns (all segments side by
+/// side) into `column_groups` equal ranges, cut anywhere, and the rows into threads /
+/// column_groups equal ranges only when the columns are too narrow to give every thread four
+/// micro-panels. A thread packs each B block of its range once, so B is packed once in all.
+template <typename Kernel, typename T, typename S>
+void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads) {
+  constexpr Index MR = Kernel::mr, NR = Kernel::nr;
+  Index max_kc = 1, passes = 1;
+  for (const auto& seg : a.segments) {
+    const Index kc = pass_depth(seg.depth, blk.kc);
+    max_kc = std::max(max_kc, kc);
+    passes = std::max(passes, (seg.depth + kc - 1) / kc);
+  }
+  const Index row_units = (a.rows + MR - 1) / MR;
+  Index column_groups = std::max(1, threads);
+  while (column_groups > 1 && (total / column_groups < 4 * NR || threads % column_groups)) --column_groups;
+  const Index row_groups = std::max<Index>(1, std::min<Index>(threads / column_groups, row_units));
+  const Index group_width = round_up((total + column_groups - 1) / column_groups, NR);
+  const Index group_rows = (row_units + row_groups - 1) / row_groups * MR;
+  const Index nc = round_up(std::max<Index>(1, blk.nc), NR);
+  std::vector<std::vector<Block>> column_blocks;
+  Index b_size = 1;
+  for (Index g = 0; g < column_groups; ++g) {
+    column_blocks.push_back(
+        make_blocks(a.segments, g * group_width, std::min(total, (g + 1) * group_width), nc, NR, blk.kc));
+    for (const auto& block : column_blocks.back()) b_size = std::max(b_size, block.packed_size);
+  }
+  const Index workers = column_groups * row_groups;
+  const Index a_size = round_up(std::max<Index>(1, blk.mc), MR) * max_kc;  // ≥ the balanced mc of run_block_pass
+  std::vector<T> buffers(static_cast<std::size_t>((b_size + a_size) * workers));
+#ifdef _OPENMP
+#pragma omp parallel num_threads(static_cast<int>(workers))
+#endif
+  {
+#ifdef _OPENMP
+    const Index me = omp_get_thread_num(), team = omp_get_num_threads();
+#else
+    const Index me = 0, team = 1;
+#endif
+    for (Index w = me; w < workers; w += team) {  // a smaller team than asked for takes several shares
+      T* packed_b = buffers.data() + w * (b_size + a_size);
+      T* packed_a = packed_b + b_size;
+      const Index r0 = (w / column_groups) * group_rows, r1 = std::min(a.rows, r0 + group_rows);
+      if (r0 >= r1) continue;
+      for (const Block& block : column_blocks[static_cast<std::size_t>(w % column_groups)]) {
+        for (Index p = 0; p < passes; ++p) {
+          pack_block_pass<Kernel>(a, block, blk, p, packed_b);
+          run_block_pass<Kernel>(a, block, p, r0, r1, blk, packed_b, packed_a);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace bd::kernel::detail

@@ -1,0 +1,47 @@
+// bd/kernel/micro_kernel_portable.hpp — the micro-kernels in plain C++: any CPU, any compiler,
+// any arithmetic type. The reference the SIMD kernels are tested against, and the fallback.
+//
+// Every ISA provides the same two operations (see micro_kernel_avx2.hpp for the contract):
+//   tile      acc(MR × NR) = start; acc += A·B over kc; dst = acc   (packed A and B)
+//   dot_columns  result[c·4 + i] = rows[i, :]·columns[c], up to four contiguous rows and
+//                dot_width columns at once (decoding)
+#pragma once
+
+#include "bd/kernel/arguments.hpp"
+
+namespace bd::kernel {
+
+template <typename T>
+struct PortableKernel {
+  static constexpr Index mr = 8;
+  static constexpr Index nr = 4;
+  static constexpr bool any_width = false;  ///< tile() always computes all NR columns
+
+  /// src[j] / dst[j] point at row 0 of the tile's column j; src null: column j starts from
+  /// values[j] (0 when values is null). A: packed MR × kc (k-major), B: packed kc × NR.
+  static void tile(Index /*columns*/, Index kc, const T* A, const T* B, const T* const* src, const T* values,
+                   T* const* dst) {
+    T acc[nr][mr];
+    for (Index j = 0; j < nr; ++j)
+      for (Index i = 0; i < mr; ++i) acc[j][i] = src ? src[j][i] : values ? values[j] : T(0);
+    for (Index k = 0; k < kc; ++k, A += mr, B += nr)
+      for (Index j = 0; j < nr; ++j)
+        for (Index i = 0; i < mr; ++i) acc[j][i] += A[i] * B[j];
+    for (Index j = 0; j < nr; ++j)
+      for (Index i = 0; i < mr; ++i) dst[j][i] = acc[j][i];
+  }
+
+  /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·columns[c] for i < count ≤ 4 and
+  /// c < dot_width, rows contiguous with stride depth.
+  static constexpr Index dot_width = 1;
+  static void dot_columns(Index count, const T* rows, Index depth, const T* const* columns, T* result) {
+    for (Index i = 0; i < count; ++i) {
+      T sum(0);
+      const T* row = rows + i * depth;
+      for (Index k = 0; k < depth; ++k) sum += row[k] * columns[0][k];
+      result[i] = sum;
+    }
+  }
+};
+
+}  // namespace bd::kernel

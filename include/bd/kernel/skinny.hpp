@@ -1,0 +1,94 @@
+// bd/kernel/skinny.hpp — the GEMM for a few rows (decoding: one token per step, a few with
+// speculative drafts), where packing would cost more than it saves: packing B reads and writes
+// all of it to be read once more, and an MR-row micro-tile would compute MR/L times the work.
+// Here every output value is one dot product of a gathered row of X with a column of B read
+// where it lies (a narrow B converted once per column into a per-thread buffer), so B streams
+// through once: the bandwidth bound that one token's projection has. The kernel takes a few
+// neighbouring columns at once (Kernel::dot_width), so several streams of B are in flight and
+// the per-column overhead is shared. Column groups are shared among the threads.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "bd/kernel/arguments.hpp"
+#include "bd/kernel/pack.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace bd::kernel::detail {
+
+/// Rows at or below which gemm() takes this path.
+inline constexpr Index skinny_rows = 4;
+
+template <typename Kernel, typename T, typename S>
+void gemm_skinny(const GemmArguments<T, S>& a, int threads) {
+  constexpr Index width = Kernel::dot_width;
+  const Index L = a.rows;
+  // X's rows gathered per segment, each row contiguous over the segment's channels; and the
+  // work as groups of up to `width` neighbouring columns of one segment.
+  struct Group {
+    Index segment, column, count;
+  };
+  std::vector<Index> offsets;
+  std::vector<Group> groups;
+  Index gathered_size = 0, work = 0, max_depth = 1;
+  for (std::size_t s = 0; s < a.segments.size(); ++s) {
+    const Segment& seg = a.segments[s];
+    offsets.push_back(gathered_size);
+    gathered_size += L * seg.depth;
+    work += L * seg.depth * seg.width;
+    max_depth = std::max(max_depth, seg.depth);
+    for (Index j = 0; j < seg.width; j += width)
+      groups.push_back({static_cast<Index>(s), seg.first_column + j, std::min(width, seg.width - j)});
+  }
+  std::vector<T> gathered(static_cast<std::size_t>(std::max<Index>(1, gathered_size)));
+  for (std::size_t s = 0; s < a.segments.size(); ++s) {
+    const Segment& seg = a.segments[s];
+    for (Index i = 0; i < L; ++i)
+      for (Index k = 0; k < seg.depth; ++k)
+        gathered[static_cast<std::size_t>(offsets[s] + i * seg.depth + k)] = a.x[seg.channels[k] * a.ldx + i];
+  }
+  // A narrow B's columns are converted once into their thread's buffer, then read by every row.
+  constexpr bool convert = !std::is_same_v<S, T>;
+  std::vector<T> buffers(convert ? static_cast<std::size_t>(width * max_depth * std::max(1, threads)) : 0);
+  const Index count = static_cast<Index>(groups.size());
+  (void)threads;
+  (void)work;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (work >= (Index(1) << 16))
+#endif
+  for (Index g = 0; g < count; ++g) {
+    const Group& group = groups[static_cast<std::size_t>(g)];
+    const Segment& seg = a.segments[static_cast<std::size_t>(group.segment)];
+    const T* columns[width] = {};
+    for (Index j = 0; j < width; ++j) {
+      const Index c = group.column + std::min(j, group.count - 1);  // a short group repeats its last column
+      if constexpr (convert) {
+#ifdef _OPENMP
+        T* buffer = buffers.data() + (omp_get_thread_num() * width + j) * max_depth;
+#else
+        T* buffer = buffers.data() + j * max_depth;
+#endif
+        if (j < group.count) convert_column(a.b + c * a.ldb, seg.depth, buffer);
+        columns[j] = j < group.count ? buffer : columns[j - 1];
+      } else {
+        columns[j] = a.b + c * a.ldb;
+      }
+    }
+    T dots[width * skinny_rows];
+    Kernel::dot_columns(L, gathered.data() + offsets[static_cast<std::size_t>(group.segment)], seg.depth, columns, dots);
+    for (Index j = 0; j < group.count; ++j) {
+      const Index c = group.column + j;
+      T* out = a.out + (a.out_columns ? a.out_columns[c] : c) * a.ldo;
+      for (Index i = 0; i < L; ++i) {
+        const T start = a.init_channels ? a.x[a.init_channels[c] * a.ldx + i] : a.init_values ? a.init_values[c] : T(0);
+        out[i] = start + dots[j * skinny_rows + i];
+      }
+    }
+  }
+}
+
+}  // namespace bd::kernel::detail
