@@ -26,6 +26,7 @@
 #include "bd/core/error.hpp"
 #include "bd/core/factored_product.hpp"
 #include "bd/core/scalar.hpp"
+#include "bd/kernel/matmul.hpp"
 
 namespace bd::detail {
 
@@ -68,7 +69,11 @@ BasisFit fit_basis(const FactoredProduct& p, std::vector<Index> S, bool refit) {
   require_nonsingular(fit.rcond, S, p.name);
   MatrixXd C = lu.solve(p.Q(R, Eigen::all).transpose()).transpose();
 
-  const MatrixXd B = US * p.V.transpose();
+  // Every product here is r×r or larger (B is r×n): they run on the dispatched kernel
+  // (kernel/matmul.hpp), not at the SSE2 speed Eigen has in a build without -march.
+  const auto mul = [](const auto& a, const auto& b) { return bd::kernel::matmul(a, b); };
+  const MatrixXd USt = US.transpose();
+  const MatrixXd B = mul(US, MatrixXd(p.V.transpose()));
   fit.B = rounded_in_double<Scalar>(B);
   require_representable<Scalar>(fit.B, "basis", p.name);
   const bool exact_basis = std::is_same_v<Scalar, double>;
@@ -76,16 +81,15 @@ BasisFit fit_basis(const FactoredProduct& p, std::vector<Index> S, bool refit) {
   MatrixXd dB;
   if (!exact_basis) {
     dB = fit.B - B;
-    dBV = dB * p.V;
-    dBdBt.selfadjointView<Eigen::Lower>().rankUpdate(dB);
-    dBdBt = dBdBt.selfadjointView<Eigen::Lower>();
+    dBV = mul(dB, p.V);
+    dBdBt = mul(dB, MatrixXd(dB.transpose()));
   }
 
   if (refit) {
-    const MatrixXd D = UR - C * US;
-    const MatrixXd GUSt = p.G * US.transpose();
-    MatrixXd BBt = US * GUSt + US * dBV.transpose() + dBV * US.transpose() + dBdBt;
-    const MatrixXd rhs = D * (GUSt + dBV.transpose()) - C * (dBV * US.transpose() + dBdBt);
+    const MatrixXd D = UR - mul(C, US);
+    const MatrixXd GUSt = mul(p.G, USt), dBVt = dBV.transpose();
+    const MatrixXd BBt = mul(US, GUSt) + mul(US, dBVt) + mul(dBV, USt) + dBdBt;
+    const MatrixXd rhs = mul(D, MatrixXd(GUSt + dBVt)) - mul(C, MatrixXd(mul(dBV, USt) + dBdBt));
     Eigen::LDLT<MatrixXd> ldlt(BBt);
     // A dependent basis (rank-deficient V) leaves B̂B̂ᵀ singular: the unrefitted C is then kept.
     if (ldlt.info() == Eigen::Success && ldlt.isPositive() && ldlt.rcond() > 1e-13) {
@@ -96,11 +100,10 @@ BasisFit fit_basis(const FactoredProduct& p, std::vector<Index> S, bool refit) {
 
   fit.C = rounded_in_double<Scalar>(C);
   require_representable<Scalar>(fit.C, "coefficient matrix", p.name);
-  const MatrixXd Dh = UR - fit.C * US;
-  double e2 = (Dh.transpose() * Dh).cwiseProduct(p.G).sum();
+  const MatrixXd Dh = UR - mul(fit.C, US), Ct = fit.C.transpose();
+  double e2 = mul(MatrixXd(Dh.transpose()), Dh).cwiseProduct(p.G).sum();
   if (!exact_basis) {
-    e2 += -2 * (fit.C.transpose() * Dh).cwiseProduct(dBV).sum() +
-          (fit.C.transpose() * fit.C).cwiseProduct(dBdBt).sum() + dB.squaredNorm();
+    e2 += -2 * mul(Ct, Dh).cwiseProduct(dBV).sum() + mul(Ct, fit.C).cwiseProduct(dBdBt).sum() + dB.squaredNorm();
   }
   fit.residual2 = std::max(0.0, e2);
   fit.S = std::move(S);

@@ -18,6 +18,7 @@
 
 #include "bd/core/error.hpp"
 #include "bd/core/options.hpp"
+#include "bd/kernel/matmul.hpp"
 
 namespace bd::detail {
 
@@ -53,9 +54,8 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, cons
                                      "or use a smaller rank"));
   p.Q = qr.householderQ() * Eigen::MatrixXd::Identity(m, r);
 
-  p.G.setZero(r, r);
-  p.G.selfadjointView<Eigen::Lower>().rankUpdate(V.transpose());
-  p.G = p.G.selfadjointView<Eigen::Lower>();
+  p.G = bd::kernel::matmul(Eigen::MatrixXd(V.transpose()), V);  // VᵀV, depth n: the dispatched kernel
+  p.G = (0.5 * (p.G + p.G.transpose())).eval();                        // exactly symmetric
   p.row_norm2 = ((U * p.G).array() * U.array()).rowwise().sum().max(0.0);
   p.norm2 = p.row_norm2.sum();
 
