@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs bd's whole test suite with ctest:
-#   1. Release build of everything (tests, examples, benchmarks, tools, consumers), -Wall -Wextra -Werror;
-#   2. the tests of the code that does its own pointer arithmetic — the packed GEMM kernel (SIMD
-#      and portable), the operators on it (nn) and the safetensors reader/writer (io) — again
+#   1. Release build of everything (tests, examples, benchmarks, tools, consumers), -Wall -Wextra -Werror,
+#      with no -march: the x86-64 baseline a user's program gets (the kernels choose AVX-512, AVX2
+#      or portable code when they run, and the kernel tests force each path the CPU has);
+#   2. the SIMD-heavy targets (kernel and operator tests, benchmarks) again with -march=x86-64-v4,
+#      where Eigen and the compiler use AVX-512 throughout: compiled on every machine, so one
+#      without AVX-512 still catches what breaks there; run only where the CPU has AVX-512;
+#   3. the tests of the code that does its own pointer arithmetic — the packed GEMM kernel (every
+#      path the CPU has), the operators on it (nn) and the safetensors reader/writer (io) — again
 #      under AddressSanitizer + UndefinedBehaviorSanitizer (-O1 -g1: line tables only, which keeps
 #      the Eigen-heavy builds affordable on 2 cores). The decomposition tests (core) are Eigen
 #      expressions end to end and the real-model tests repeat nn's paths at scale: step 1 only;
-#   3. the safetensors parser under libFuzzer (clang) for BD_FUZZ_SECONDS (60) from the seed corpus.
+#   4. the safetensors parser under libFuzzer (clang) for BD_FUZZ_SECONDS (60) from the seed corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh test
@@ -16,11 +21,21 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
+cmake -S . -B build-v4 -DCMAKE_BUILD_TYPE=Release -DBD_MARCH=x86-64-v4 -DBD_WITH_CUDA=OFF -DBD_BUILD_EXAMPLES=OFF \
+  -DBD_BUILD_TOOLS=OFF
+cmake --build build-v4 -j"$jobs" --target bd_kernel_tests bd_nn_tests bd_bench
+if grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512dq /proc/cpuinfo \
+   && grep -qw avx512vl /proc/cpuinfo; then
+  ctest --test-dir build-v4 --output-on-failure -j"$jobs" -L "kernel|nn"
+else
+  echo "bd: this CPU lacks AVX-512: the x86-64-v4 build was compiled, not run"
+fi
+
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_BUILD_BENCHMARKS=OFF -DBD_BUILD_EXAMPLES=OFF -DBD_WITH_CUDA=OFF \
   -DBD_BUILD_TOOLS=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="$sanitize" \
   -DCMAKE_EXE_LINKER_FLAGS="$sanitize"
-cmake --build build-asan -j"$jobs" --target bd_kernel_tests bd_kernel_portable_tests bd_nn_tests bd_io_tests
+cmake --build build-asan -j"$jobs" --target bd_kernel_tests bd_nn_tests bd_io_tests
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "kernel|nn|io"
 
