@@ -5,12 +5,15 @@
 //   dense_eigen     one Eigen GEMM (multithreaded by Eigen)
 //   dense_blocked   Eigen GEMM on the same row × column tiles as BD, tiles in parallel
 //   dense_openblas  one cblas_sgemm (when OpenBLAS was found)
+//   dense_blis      one bli_sgemm (when BLIS was found)
 //   dense_kernel    bd::kernel::gemm on all 512 channels from zero: BD's own packed kernel
 //                   doing the dense product, the same craft on both sides
 //   bd              the fused BD kernel, a shared window at offset 256 (so rest is two pieces)
 //   bd_pivoted      the same with a per-head pivoted basis (gathered while packing)
 // kproj_bf16: weights stored in bfloat16, activations and accumulation in float; dense
 // baselines convert W one block (dense_blocked) or one panel (dense_kernel) at a time, like BD.
+// kproj_cpu_<isa>/<dense_kernel|bd>/<L>: bd's kernels forced to each instruction set this CPU
+// runs (the BD_CPU sweep, in one run), at the lengths the targets name.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -21,17 +24,20 @@
 #include <string>
 #include <vector>
 
-#include <bd/core/gemm_kernel.hpp>
+#include <bd/kernel/gemm.hpp>
 #include <bd/nn/projection.hpp>
 
 #ifdef BD_HAVE_OPENBLAS
 #include <cblas.h>
 #endif
+#ifdef BD_HAVE_BLIS
+#include "blis_baseline.hpp"
+#endif
 
 namespace {
 
 constexpr Eigen::Index kHeads = 128, kD = 512, kDh = 128, kOut = kHeads * kDh, kOffset = 256;
-const bd::nn::ProjectionTiling kTiling{};  // bd, bd_pivoted and dense_kernel
+const bd::kernel::Blocking kBlocking{};  // bd, bd_pivoted and dense_kernel
 
 const Eigen::MatrixXf& input(Eigen::Index L) {
   static std::map<Eigen::Index, Eigen::MatrixXf> cache;
@@ -106,7 +112,7 @@ void dense_kernel(const Eigen::MatrixXf& X, const Eigen::Matrix<S, Eigen::Dynami
   a.rows = X.rows(), a.x = X.data(), a.ldx = X.rows();
   a.b = W.data(), a.ldb = kD, a.out = K.data(), a.ldo = K.rows();
   a.segments.push_back({all.data(), kD, 0, kOut});
-  bd::kernel::gemm(a, kTiling.blocking());
+  bd::kernel::gemm(a, kBlocking);
 }
 
 template <typename S>
@@ -118,7 +124,7 @@ void run(benchmark::State& state, const std::string& impl) {
   const auto& M = weights<S>(bd);
   const bd::nn::HeadIndices window = bd::nn::HeadIndices::window(kD, kDh, kOffset, kHeads);
   Eigen::MatrixXf W_float;
-  if (impl == "dense_eigen" || impl == "dense_openblas") W_float = M.template cast<float>();  // fp32 only (see below)
+  if (impl == "dense_eigen" || impl == "dense_openblas" || impl == "dense_blis") W_float = M.template cast<float>();  // fp32 only (see below)
   for (auto _ : state) {
     if (impl == "dense_eigen") {
       K.noalias() = X * W_float;
@@ -132,10 +138,14 @@ void run(benchmark::State& state, const std::string& impl) {
       cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(L), int(kOut), int(kD), 1.0f, X.data(), int(L),
                   W_float.data(), int(kD), 0.0f, K.data(), int(L));
 #endif
+    } else if (impl == "dense_blis") {
+#ifdef BD_HAVE_BLIS
+      bd_bench::blis_sgemm(L, kOut, kD, X.data(), L, W_float.data(), kD, K.data(), L);
+#endif
     } else if (impl == "bd") {
-      bd::nn::bd_project_into<float, S>(X, window, M, K, kTiling);
+      bd::nn::bd_project_into<float, S>(X, window, M, K, kBlocking);
     } else {
-      bd::nn::bd_project_into<float, S>(X, pivoted_indices(), M, K, kTiling);
+      bd::nn::bd_project_into<float, S>(X, pivoted_indices(), M, K, kBlocking);
     }
     benchmark::DoNotOptimize(K.data());
     benchmark::ClobberMemory();
@@ -161,6 +171,10 @@ int register_all() {
 #else
   std::fprintf(stderr, "bd_bench: built without OpenBLAS (Debian: libopenblas-dev); kproj/dense_openblas is skipped\n");
 #endif
+#ifdef BD_HAVE_BLIS
+  bd_bench::blis_set_threads(Eigen::nbThreads());
+  impls.push_back("dense_blis");
+#endif
   impls.push_back("dense_kernel");
   impls.push_back("bd");
   impls.push_back("bd_pivoted");
@@ -171,6 +185,18 @@ int register_all() {
   for (const std::string impl : {"dense_blocked", "dense_kernel", "bd", "bd_pivoted"})
     benchmark::RegisterBenchmark(("kproj_bf16/" + impl).c_str(), [impl](benchmark::State& s) { run<Eigen::bfloat16>(s, impl); })
         ->Apply(lengths);
+  for (bd::kernel::Isa isa : {bd::kernel::Isa::portable, bd::kernel::Isa::avx2, bd::kernel::Isa::avx512}) {
+    if (!bd::kernel::cpu_has(isa)) continue;
+    for (const std::string impl : {"dense_kernel", "bd"}) {
+      const std::string name = std::string("kproj_cpu_") + bd::kernel::to_string(isa) + "/" + impl;
+      benchmark::RegisterBenchmark(name.c_str(), [impl, isa](benchmark::State& s) {
+        const bd::kernel::Isa before = bd::kernel::active_isa();
+        bd::kernel::use_isa(isa);
+        run<float>(s, impl);
+        bd::kernel::use_isa(before);
+      })->Arg(4)->Arg(256)->Arg(1024)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+    }
+  }
   return 0;
 }
 

@@ -3,7 +3,9 @@
 //   attention/<mha|bda>/<L>      one causal self-attention forward over L tokens;
 //   decode/<mha|bda>/<context>   one new token against a KV cache of `context` tokens;
 //   linear/<impl>/<shape>        L = 1024 tokens through a LLaMA2-7B projection at the rank that
-//                                keeps 80 % of its parameters (the paper's low-rank table).
+//                                keeps 80 % of its parameters (the paper's low-rank table);
+//                                every implementation writes into a preallocated y;
+//   linear_cpu_<isa>/bd/<shape>  BDLinear with its kernels forced to each instruction set.
 //
 // The attention layer is DeepSeek-V3's MLA at full size except its query LoRA (bd's MLA reads
 // queries straight from x): hidden 7168, 128 heads, latent 512, d_h = 128, decoupled RoPE 64.
@@ -22,6 +24,9 @@
 
 #ifdef BD_HAVE_OPENBLAS
 #include <cblas.h>
+#endif
+#ifdef BD_HAVE_BLIS
+#include "blis_baseline.hpp"
 #endif
 
 namespace {
@@ -164,7 +169,7 @@ void linear(benchmark::State& state, const std::string& impl, const LinearShape&
     } else if (impl == "lowrank") {
       y = layers.low_rank.forward(x);
     } else if (impl == "bd") {
-      y = layers.bd.forward(x);
+      layers.bd.forward_into(x, y);
 #ifdef BD_HAVE_OPENBLAS
     } else if (impl == "dense_openblas") {
       cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(kTokens), int(s.d_out), int(s.d_in), 1.0f, x.data(),
@@ -174,6 +179,13 @@ void linear(benchmark::State& state, const std::string& impl, const LinearShape&
                   int(kTokens), U.data(), int(s.d_in), 0.0f, h.data(), int(kTokens));
       cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(kTokens), int(s.d_out), int(r), 1.0f, h.data(),
                   int(kTokens), Vt.data(), int(r), 0.0f, y.data(), int(kTokens));
+#endif
+#ifdef BD_HAVE_BLIS
+    } else if (impl == "dense_blis") {
+      bd_bench::blis_sgemm(kTokens, s.d_out, s.d_in, x.data(), kTokens, layers.W.data(), s.d_in, y.data(), kTokens);
+    } else if (impl == "lowrank_blis") {
+      bd_bench::blis_sgemm(kTokens, r, s.d_in, x.data(), kTokens, U.data(), s.d_in, h.data(), kTokens);
+      bd_bench::blis_sgemm(kTokens, s.d_out, r, h.data(), kTokens, Vt.data(), r, y.data(), kTokens);
 #endif
     }
     benchmark::DoNotOptimize(y.data());
@@ -200,11 +212,29 @@ int register_all() {
   impls.insert(impls.begin() + 1, "dense_openblas");
   impls.insert(impls.begin() + 3, "lowrank_openblas");
 #endif
-  for (const LinearShape s : {LinearShape{4096, 4096}, LinearShape{4096, 11008}})
+#ifdef BD_HAVE_BLIS
+  bd_bench::blis_set_threads(Eigen::nbThreads());
+  impls.insert(impls.begin() + 1, "dense_blis");
+  impls.insert(impls.end() - 1, "lowrank_blis");
+#endif
+  for (const LinearShape s : {LinearShape{4096, 4096}, LinearShape{4096, 11008}}) {
     for (const auto& impl : impls)
       benchmark::RegisterBenchmark(("linear/" + impl + "/" + s.name()).c_str(),
                                    [impl, s](benchmark::State& st) { linear(st, impl, s); })
           ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
+    // The BD_CPU sweep: BDLinear on each instruction set this CPU runs.
+    for (bd::kernel::Isa isa : {bd::kernel::Isa::portable, bd::kernel::Isa::avx2, bd::kernel::Isa::avx512}) {
+      if (!bd::kernel::cpu_has(isa)) continue;
+      benchmark::RegisterBenchmark((std::string("linear_cpu_") + bd::kernel::to_string(isa) + "/bd/" + s.name()).c_str(),
+                                   [isa, s](benchmark::State& st) {
+                                     const bd::kernel::Isa before = bd::kernel::active_isa();
+                                     bd::kernel::use_isa(isa);
+                                     linear(st, "bd", s);
+                                     bd::kernel::use_isa(before);
+                                   })
+          ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
+    }
+  }
   return 0;
 }
 
