@@ -27,6 +27,14 @@ struct OpsFloat {
   BD_TARGET_AVX2 static inline __attribute__((always_inline)) void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   BD_TARGET_AVX2 static inline __attribute__((always_inline)) V set1(float s) { return _mm256_set1_ps(s); }
   BD_TARGET_AVX2 static inline __attribute__((always_inline)) V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V add(V a, V b) { return _mm256_add_ps(a, b); }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) float sum(V v) { return hsum(v); }
+  /// Σ of the 8 lanes in three dependent adds (a scalar loop would chain seven).
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+  }
 };
 struct OpsDouble {
   using V = __m256d;
@@ -35,6 +43,12 @@ struct OpsDouble {
   BD_TARGET_AVX2 static inline __attribute__((always_inline)) void store(double* p, V v) { _mm256_storeu_pd(p, v); }
   BD_TARGET_AVX2 static inline __attribute__((always_inline)) V set1(double s) { return _mm256_set1_pd(s); }
   BD_TARGET_AVX2 static inline __attribute__((always_inline)) V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V add(V a, V b) { return _mm256_add_pd(a, b); }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) double sum(V v) { return hsum(v); }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) double hsum(__m256d v) {
+    const __m128d x = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(x, _mm_unpackhi_pd(x, x)));
+  }
 };
 
 template <int N, int NR, typename Ops, typename T>
@@ -60,48 +74,49 @@ BD_TARGET_AVX2 inline __attribute__((always_inline)) void tile_columns(Index kc,
   for (int j = 0; j < N; ++j) Ops::store(dst[j], c0[j]), Ops::store(dst[j] + W, c1[j]);
 }
 
-/// result[c·4 + i] = rows[i, :]·columns[c] for R rows and NC columns at once: every vector of a
-/// column is loaded once for all rows, every vector of a row once for all columns.
-template <int NC, int R, typename Ops, typename T>
-BD_TARGET_AVX2 inline __attribute__((always_inline)) void dot_block(const T* rows, Index depth, const T* const* columns,
-                                                                   T* result) {
+/// result[c·4 + i] = rows[i, :]·B[:, c] for R rows and `columns` columns of B (leading
+/// dimension ldb), one column after the other: B streams through in order, which the hardware
+/// prefetcher follows best (interleaving several columns measured 1.3–2× slower on Zen 4).
+/// Two accumulators per row halve the FMA latency chain.
+template <int R, typename Ops, typename T>
+BD_TARGET_AVX2 inline __attribute__((always_inline)) void dot_block(const T* rows, Index depth, const T* b, Index ldb,
+                                                                   Index columns, T* result) {
   using V = typename Ops::V;
   constexpr Index W = Ops::lanes;
-  V acc[NC][R];
-#pragma GCC unroll 16
-  for (int c = 0; c < NC; ++c)
+  for (Index c = 0; c < columns; ++c, b += ldb) {
+    V even[R], odd[R];
 #pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) acc[c][i] = Ops::set1(T(0));
-  Index k = 0;
-  for (; k + W <= depth; k += W) {
-    V col[NC];
-#pragma GCC unroll 16
-    for (int c = 0; c < NC; ++c) col[c] = Ops::load(columns[c] + k);
+    for (int i = 0; i < R; ++i) even[i] = odd[i] = Ops::set1(T(0));
+    Index k = 0;
+    for (; k + 2 * W <= depth; k += 2 * W) {
+      const V b0 = Ops::load(b + k), b1 = Ops::load(b + k + W);
 #pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) {
-      const V row = Ops::load(rows + i * depth + k);
-#pragma GCC unroll 16
-      for (int c = 0; c < NC; ++c) acc[c][i] = Ops::fma(row, col[c], acc[c][i]);
+      for (int i = 0; i < R; ++i) {
+        even[i] = Ops::fma(Ops::load(rows + i * depth + k), b0, even[i]);
+        odd[i] = Ops::fma(Ops::load(rows + i * depth + k + W), b1, odd[i]);
+      }
     }
-  }
-  for (int c = 0; c < NC; ++c)
+    if (k + W <= depth) {
+      const V b0 = Ops::load(b + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) even[i] = Ops::fma(Ops::load(rows + i * depth + k), b0, even[i]);
+      k += W;
+    }
     for (int i = 0; i < R; ++i) {
-      alignas(64) T lanes[W];
-      Ops::store(lanes, acc[c][i]);
-      T sum(0);
-      for (Index l = 0; l < W; ++l) sum += lanes[l];
-      for (Index t = k; t < depth; ++t) sum += rows[i * depth + t] * columns[c][t];
+      T sum = Ops::sum(Ops::add(even[i], odd[i]));
+      for (Index t = k; t < depth; ++t) sum += rows[i * depth + t] * b[t];
       result[c * 4 + i] = sum;
     }
+  }
 }
 
-template <int NC, typename Ops, typename T>
-BD_TARGET_AVX2 inline void dot_columns(Index count, const T* rows, Index depth, const T* const* columns, T* result) {
+template <typename Ops, typename T>
+BD_TARGET_AVX2 inline void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
   switch (count) {
-    case 1: return dot_block<NC, 1, Ops>(rows, depth, columns, result);
-    case 2: return dot_block<NC, 2, Ops>(rows, depth, columns, result);
-    case 3: return dot_block<NC, 3, Ops>(rows, depth, columns, result);
-    default: return dot_block<NC, 4, Ops>(rows, depth, columns, result);
+    case 1: return dot_block<1, Ops>(rows, depth, b, ldb, columns, result);
+    case 2: return dot_block<2, Ops>(rows, depth, b, ldb, columns, result);
+    case 3: return dot_block<3, Ops>(rows, depth, b, ldb, columns, result);
+    default: return dot_block<4, Ops>(rows, depth, b, ldb, columns, result);
   }
 }
 
@@ -127,10 +142,9 @@ struct Avx2Kernel {
       default: return avx2::tile_columns<1, nr, Ops>(kc, A, B, src, values, dst);
     }
   }
-  /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·columns[c], i < count ≤ 4, c < dot_width.
-  static constexpr Index dot_width = 2;
-  static void dot_columns(Index count, const T* rows, Index depth, const T* const* columns, T* result) {
-    avx2::dot_columns<dot_width, Ops>(count, rows, depth, columns, result);
+  /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
+  static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
+    avx2::dot_columns<Ops>(count, rows, depth, b, ldb, columns, result);
   }
 };
 }  // namespace bd::kernel

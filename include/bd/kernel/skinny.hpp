@@ -3,9 +3,9 @@
 // all of it to be read once more, and an MR-row micro-tile would compute MR/L times the work.
 // Here every output value is one dot product of a gathered row of X with a column of B read
 // where it lies (a narrow B converted once per column into a per-thread buffer), so B streams
-// through once: the bandwidth bound that one token's projection has. The kernel takes a few
-// neighbouring columns at once (Kernel::dot_width), so several streams of B are in flight and
-// the per-column overhead is shared. Column groups are shared among the threads.
+// through once: the bandwidth bound that one token's projection has. The kernel takes a run of
+// neighbouring columns per call (skinny_group), walking B in memory order; runs are shared
+// among the threads.
 #pragma once
 
 #include <algorithm>
@@ -22,10 +22,12 @@ namespace bd::kernel::detail {
 
 /// Rows at or below which gemm() takes this path.
 inline constexpr Index skinny_rows = 4;
+/// Columns per kernel call: enough to amortise the call, few enough to share among threads.
+inline constexpr Index skinny_group = 64;
 
 template <typename Kernel, typename T, typename S>
 void gemm_skinny(const GemmArguments<T, S>& a, int threads) {
-  constexpr Index width = Kernel::dot_width;
+  constexpr Index width = skinny_group;
   const Index L = a.rows;
   // X's rows gathered per segment, each row contiguous over the segment's channels; and the
   // work as groups of up to `width` neighbouring columns of one segment.
@@ -63,23 +65,23 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads) {
   for (Index g = 0; g < count; ++g) {
     const Group& group = groups[static_cast<std::size_t>(g)];
     const Segment& seg = a.segments[static_cast<std::size_t>(group.segment)];
-    const T* columns[width] = {};
-    for (Index j = 0; j < width; ++j) {
-      const Index c = group.column + std::min(j, group.count - 1);  // a short group repeats its last column
-      if constexpr (convert) {
+    const S* source = a.b + group.column * a.ldb;
+    const T* b = nullptr;
+    Index ldb = a.ldb;
+    if constexpr (!convert) {
+      b = source;
+    } else {
 #ifdef _OPENMP
-        T* buffer = buffers.data() + (omp_get_thread_num() * width + j) * max_depth;
+      T* buffer = buffers.data() + omp_get_thread_num() * width * max_depth;
 #else
-        T* buffer = buffers.data() + j * max_depth;
+      T* buffer = buffers.data();
 #endif
-        if (j < group.count) convert_column(a.b + c * a.ldb, seg.depth, buffer);
-        columns[j] = j < group.count ? buffer : columns[j - 1];
-      } else {
-        columns[j] = a.b + c * a.ldb;
-      }
+      for (Index j = 0; j < group.count; ++j) convert_column(source + j * a.ldb, seg.depth, buffer + j * max_depth);
+      b = buffer, ldb = max_depth;
     }
     T dots[width * skinny_rows];
-    Kernel::dot_columns(L, gathered.data() + offsets[static_cast<std::size_t>(group.segment)], seg.depth, columns, dots);
+    Kernel::dot_columns(L, gathered.data() + offsets[static_cast<std::size_t>(group.segment)], seg.depth, b, ldb,
+                        group.count, dots);
     for (Index j = 0; j < group.count; ++j) {
       const Index c = group.column + j;
       T* out = a.out + (a.out_columns ? a.out_columns[c] : c) * a.ldo;
