@@ -19,6 +19,11 @@ struct PortableKernel {
 
   /// src[j] / dst[j] point at row 0 of the tile's column j; src null: column j starts from
   /// values[j] (0 when values is null). A: packed MR × kc (k-major), B: packed kc × NR.
+#if defined(__GNUC__) && !defined(__clang__)
+  // GCC 12's SLP vectoriser, given AVX-512 (-march=x86-64-v4), turns acc into a stack array
+  // shuffled lane by lane: 10x slower than scalar code. The loop vectoriser alone does well.
+  __attribute__((optimize("no-tree-slp-vectorize")))
+#endif
   static void tile(Index /*columns*/, Index kc, const T* A, const T* B, const T* const* src, const T* values,
                    T* const* dst) {
     T acc[nr][mr];
