@@ -51,74 +51,9 @@ struct OpsDouble {
   }
 };
 
-template <int N, int NR, typename Ops, typename T>
-BD_TARGET_AVX2 inline __attribute__((always_inline)) void tile_columns(Index kc, const T* A, const T* B, const T* const* src,
-                                                                     const T* values, T* const* dst) {
-  using V = typename Ops::V;
-  constexpr Index W = Ops::lanes;
-  V c0[N], c1[N];  // the loops over j are unrolled, so c0/c1 live in registers at -O2 too
-#pragma GCC unroll 16
-  for (int j = 0; j < N; ++j) {
-    if (src) c0[j] = Ops::load(src[j]), c1[j] = Ops::load(src[j] + W);
-    else c0[j] = c1[j] = Ops::set1(values ? values[j] : T(0));
-  }
-  for (Index k = 0; k < kc; ++k, A += 2 * W, B += NR) {
-    const V a0 = Ops::load(A), a1 = Ops::load(A + W);
-#pragma GCC unroll 16
-    for (int j = 0; j < N; ++j) {
-      const V b = Ops::set1(B[j]);
-      c0[j] = Ops::fma(a0, b, c0[j]), c1[j] = Ops::fma(a1, b, c1[j]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int j = 0; j < N; ++j) Ops::store(dst[j], c0[j]), Ops::store(dst[j] + W, c1[j]);
-}
-
-/// result[c·4 + i] = rows[i, :]·B[:, c] for R rows and `columns` columns of B (leading
-/// dimension ldb), one column after the other: B streams through in order, which the hardware
-/// prefetcher follows best (interleaving several columns measured 1.3–2× slower on Zen 4).
-/// Two accumulators per row halve the FMA latency chain.
-template <int R, typename Ops, typename T>
-BD_TARGET_AVX2 inline __attribute__((always_inline)) void dot_block(const T* rows, Index depth, const T* b, Index ldb,
-                                                                   Index columns, T* result) {
-  using V = typename Ops::V;
-  constexpr Index W = Ops::lanes;
-  for (Index c = 0; c < columns; ++c, b += ldb) {
-    V even[R], odd[R];
-#pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) even[i] = odd[i] = Ops::set1(T(0));
-    Index k = 0;
-    for (; k + 2 * W <= depth; k += 2 * W) {
-      const V b0 = Ops::load(b + k), b1 = Ops::load(b + k + W);
-#pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) {
-        even[i] = Ops::fma(Ops::load(rows + i * depth + k), b0, even[i]);
-        odd[i] = Ops::fma(Ops::load(rows + i * depth + k + W), b1, odd[i]);
-      }
-    }
-    if (k + W <= depth) {
-      const V b0 = Ops::load(b + k);
-#pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) even[i] = Ops::fma(Ops::load(rows + i * depth + k), b0, even[i]);
-      k += W;
-    }
-    for (int i = 0; i < R; ++i) {
-      T sum = Ops::sum(Ops::add(even[i], odd[i]));
-      for (Index t = k; t < depth; ++t) sum += rows[i * depth + t] * b[t];
-      result[c * 4 + i] = sum;
-    }
-  }
-}
-
-template <typename Ops, typename T>
-BD_TARGET_AVX2 inline void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
-  switch (count) {
-    case 1: return dot_block<1, Ops>(rows, depth, b, ldb, columns, result);
-    case 2: return dot_block<2, Ops>(rows, depth, b, ldb, columns, result);
-    case 3: return dot_block<3, Ops>(rows, depth, b, ldb, columns, result);
-    default: return dot_block<4, Ops>(rows, depth, b, ldb, columns, result);
-  }
-}
+#define BD_KERNEL_TARGET BD_TARGET_AVX2
+#include "bd/kernel/micro_kernel_simd.inc"
+#undef BD_KERNEL_TARGET
 
 }  // namespace avx2
 
@@ -133,14 +68,7 @@ struct Avx2Kernel {
 
   BD_TARGET_AVX2 static void tile(Index columns, Index kc, const T* A, const T* B, const T* const* src, const T* values,
                                   T* const* dst) {
-    switch (columns) {
-      case 6: return avx2::tile_columns<6, nr, Ops>(kc, A, B, src, values, dst);
-      case 5: return avx2::tile_columns<5, nr, Ops>(kc, A, B, src, values, dst);
-      case 4: return avx2::tile_columns<4, nr, Ops>(kc, A, B, src, values, dst);
-      case 3: return avx2::tile_columns<3, nr, Ops>(kc, A, B, src, values, dst);
-      case 2: return avx2::tile_columns<2, nr, Ops>(kc, A, B, src, values, dst);
-      default: return avx2::tile_columns<1, nr, Ops>(kc, A, B, src, values, dst);
-    }
+    avx2::tile<nr, nr, Ops>(columns, kc, A, B, src, values, dst);
   }
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
