@@ -2,7 +2,8 @@
 # Installs with apt-get the Debian 12 packages bd needs for one purpose, only when missing.
 #   tools/install-deps.sh demo   compiler, CMake, Eigen, nlohmann-json
 #   tools/install-deps.sh test   + Catch2, Google Benchmark, nlohmann-json, OpenBLAS, clang (fuzzing)
-#   tools/install-deps.sh bench  what `test` needs + python3-matplotlib (bench/report's plot)
+#   tools/install-deps.sh bench  what `test` needs + python3-matplotlib (bench/report's plot) and BLIS
+#                                (a second dense baseline in bd_bench)
 set -euo pipefail
 
 purpose=${1:-test}
@@ -11,7 +12,7 @@ case "$purpose" in
   demo) packages+=(nlohmann-json3-dev) ;;
   test) packages+=(catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3) ;;
   bench) packages+=(catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3
-                    python3-matplotlib) ;;
+                    python3-matplotlib libblis-openmp-dev) ;;
   *) echo "usage: $0 demo|test|bench" >&2; exit 2 ;;
 esac
 
