@@ -24,17 +24,27 @@ void prepare(benchmark::State& state, bd::Basis basis) {
   const bd::Options qk = bd::Options{}.with_side(bd::Side::Col).with_basis(basis);
   const bd::Options vo = bd::Options{}.with_side(bd::Side::Row).with_basis(basis);
   double nmse = 0;
+  bd::PhaseTimes phases;
   for (auto _ : state) {
     nmse = 0;
+    phases = {};
     for (const auto& layer : layers) {
       const auto q = bd::decompose_shared<Eigen::half>(layer.q, layer.uk, qk);
       const auto v = bd::decompose_shared<Eigen::half>(layer.uv, layer.o, vo);
       nmse += (q.mean_nmse() + v.mean_nmse()) / (2.0 * layers.size());
+      phases += q.phases();
+      phases += v.phases();
       benchmark::DoNotOptimize(q);
     }
   }
   state.counters["products"] = 2.0 * layers.size() * bd_bench::DeepSeekV2Lite::heads;
   state.counters["mean_nmse_f16"] = nmse;
+  // Elapsed seconds per phase (bd::PhaseTimes), summed over layers.
+  state.counters["factor_s"] = phases.factor;
+  state.counters["score_s"] = phases.score;
+  state.counters["fit_s"] = phases.fit;
+  state.counters["round_s"] = phases.round;
+  state.counters["error_s"] = phases.error;
 }
 
 }  // namespace

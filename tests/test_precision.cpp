@@ -1,6 +1,7 @@
 // Prepared in double, rounded once: the stored decomposition errs by no more than the rounding
 // of its own entries allows, for every storage type.
 #include <cmath>
+#include <cstring>
 
 #include "support.hpp"
 
@@ -110,4 +111,102 @@ TEST_CASE("the stored type is the input's by default", "[precision]") {
   const auto h = bd::decompose<Eigen::half>(p.W(), 4);
   STATIC_REQUIRE(std::is_same_v<decltype(h)::Scalar, Eigen::half>);
   CHECK(h.basis().cols() == 16);
+}
+
+namespace {
+
+// One storage ulp at |x| (the spacing of Scalar's values just above |x|; subnormal spacing near 0).
+template <typename Scalar>
+double ulp_at(double x) {
+  const Scalar s = bd::round_to<Scalar>(std::fabs(x));
+  const double here = bd::to_double(s);
+  // The next representable value after `here`: step the bits.
+  std::uint16_t bits;
+  std::memcpy(&bits, static_cast<const void*>(&s), sizeof bits);
+  ++bits;
+  Scalar next;
+  std::memcpy(static_cast<void*>(&next), &bits, sizeof bits);
+  return bd::to_double(next) - here;
+}
+
+// Products shaped like DeepSeek's per-head QK/VO (r = d_h, basis side m, other side n), four heads.
+struct Heads {
+  std::vector<Eigen::MatrixXd> U, V;
+};
+Heads float_exact_heads(Eigen::Index m, Eigen::Index n, Eigen::Index r, unsigned seed) {
+  Heads h;
+  for (unsigned k = 0; k < 4; ++k) {
+    // Inputs exactly representable in float, as checkpoint weights are.
+    h.U.push_back(bd_test::gaussian(m, r, seed + k).cast<float>().cast<double>() / std::sqrt(double(m)));
+    h.V.push_back(bd_test::gaussian(n, r, seed + 100 + k).cast<float>().cast<double>() / std::sqrt(double(n)));
+  }
+  return h;
+}
+
+template <typename Scalar>
+void check_fp32_products() {
+  const Eigen::Index m = 160, n = 512, r = 32;
+  const auto heads = float_exact_heads(m, n, r, 41);
+  // The best shared window, prepared in double, then the same window with the fast products.
+  const auto exact = bd::decompose_shared<Scalar>(
+      heads.U, heads.V, bd::Options{}.with_side(Side::Row).with_basis(Basis::OffsetSearch).with_fp32_products(false));
+  const auto fast = bd::decompose_shared<Scalar>(heads.U, heads.V,
+                                                 bd::Options{}.with_side(Side::Row).with_window(exact.offset()));
+  // B = U_S·Vᵀ formed in float errs by at most γ_{r+2}·(|U_S|·|V|ᵀ)_ij (r products summed, the
+  // factors themselves exact in float), far below half's and bfloat16's rounding; rounding is
+  // monotone, so the stored values differ by at most that bound plus one ulp, and almost all are
+  // identical. C is refitted against its own B̂ (least squares, in double from the same
+  // factors): where B̂ moved by an ulp, C follows, by less than one ulp at C's scale (max |C|).
+  const double u32 = std::ldexp(1.0, -24), gamma = (r + 2) * u32 / (1 - (r + 2) * u32);
+  std::size_t entries = 0, identical = 0;
+  for (std::size_t h = 0; h < heads.U.size(); ++h) {
+    const auto& a = fast.head(h);
+    const auto& b = exact.head(h);
+    REQUIRE(a.indices() == b.indices());
+    const Eigen::MatrixXd Ba = bd::values_as<double>(a.basis()), Bb = bd::values_as<double>(b.basis());
+    const Eigen::MatrixXd US = heads.U[h](a.indices(), Eigen::all);
+    const Eigen::MatrixXd bound = gamma * (US.cwiseAbs() * heads.V[h].cwiseAbs().transpose());
+    for (Eigen::Index i = 0; i < Ba.rows(); ++i)
+      for (Eigen::Index j = 0; j < Ba.cols(); ++j) {
+        ++entries;
+        identical += Ba(i, j) == Bb(i, j);
+        const double allowed = ulp_at<Scalar>(std::max(std::fabs(Ba(i, j)), std::fabs(Bb(i, j)))) + bound(i, j);
+        if (!(std::fabs(Ba(i, j) - Bb(i, j)) <= allowed)) FAIL("B(" << i << ", " << j << ") differs beyond the bound");
+      }
+    const Eigen::MatrixXd Ca = bd::values_as<double>(a.coeff()), Cb = bd::values_as<double>(b.coeff());
+    CHECK((Ca - Cb).cwiseAbs().maxCoeff() <= ulp_at<Scalar>(Cb.cwiseAbs().maxCoeff()));
+    // The accuracy is the same: where B̂ moved by an ulp its rounding error changed sides, which
+    // moves the NMSE by a few percent either way (1% of the entries, each up to one ulp).
+    CHECK(std::fabs(a.report().nmse - b.report().nmse) <= 0.05 * b.report().nmse);
+  }
+  INFO(identical << " of " << entries << " basis entries bit-identical");
+  CHECK(double(identical) >= 0.99 * double(entries));
+}
+
+}  // namespace
+
+TEST_CASE("half bases formed in float match the fp64-prepared ones within one ulp (plus the proven bound)",
+          "[precision][fp32]") {
+  check_fp32_products<Eigen::half>();
+}
+
+TEST_CASE("bfloat16 bases formed in float match the fp64-prepared ones within one ulp (plus the proven bound)",
+          "[precision][fp32]") {
+  check_fp32_products<Eigen::bfloat16>();
+}
+
+TEST_CASE("float storage keeps B formed in double: bit-identical bases, C within one ulp", "[precision][fp32]") {
+  const auto heads = float_exact_heads(160, 512, 32, 43);
+  const auto opts = bd::Options{}.with_side(Side::Col).with_basis(Basis::Last);
+  const auto fast = bd::decompose_shared<float>(heads.U, heads.V, opts);
+  const auto exact = bd::decompose_shared<float>(heads.U, heads.V, bd::Options(opts).with_fp32_products(false));
+  for (std::size_t h = 0; h < heads.U.size(); ++h) {
+    CHECK(fast.head(h).basis() == exact.head(h).basis());
+    const Eigen::MatrixXf Ca = fast.head(h).coeff(), Cb = exact.head(h).coeff();
+    for (Eigen::Index i = 0; i < Ca.size(); ++i) {
+      const float hi = std::max(std::fabs(Ca(i)), std::fabs(Cb(i)));
+      CHECK(std::fabs(Ca(i) - Cb(i)) <= std::nextafter(hi, INFINITY) - hi);
+    }
+    CHECK(std::fabs(fast.head(h).report().nmse - exact.head(h).report().nmse) <= 1e-3 * exact.head(h).report().nmse);
+  }
 }

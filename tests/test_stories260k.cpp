@@ -45,9 +45,12 @@ double mean_vo_nmse(const bd::Options& opts) {
     const auto d = bd::decompose_product<Scalar>(p.U[h], p.V[h], opts);
     const double err = bd_test::nmse(bd_test::rebuild(d), p.U[h] * p.V[h].transpose());
     // The reported figure is exact through the factors; in double it sits at the floor of
-    // double arithmetic (≈1e-31), where only its order of magnitude is meaningful.
+    // double arithmetic (≈1e-31), where only its order of magnitude is meaningful. With the
+    // Grams in float (Options::fp32_products, the default) it keeps float's 6 digits less what
+    // the refit's partial cancellation of D̂·Vᵀ against Ĉ·ΔB takes: 1e-4 relative; computed in
+    // double it agrees to 1e-6.
     if constexpr (std::is_same_v<Scalar, double>) REQUIRE(d.report().nmse < 1e-24);
-    else REQUIRE(d.report().nmse == Approx(err).epsilon(1e-6));
+    else REQUIRE(d.report().nmse == Approx(err).epsilon(opts.fp32_products ? 1e-4 : 1e-6));
     sum += err;
   }
   return sum / static_cast<double>(p.U.size());
@@ -80,6 +83,10 @@ TEST_CASE("VO of every head, fp16, offset search: mean NMSE <= 1e-6", "[real-mod
   const double err = mean_vo_nmse<Eigen::half>(kOffsetSearch);
   WARN("stories260K VO fp16 offset-search mean NMSE " << err << " (paper's residual-min: 3.5e-6)");
   CHECK(err <= 1e-6);
+  // Every product in double instead (fp32_products off): the same accuracy, to the storage's
+  // rounding (B's float formation moves a few entries by one ulp).
+  const double exact = mean_vo_nmse<Eigen::half>(bd::Options(kOffsetSearch).with_fp32_products(false));
+  CHECK(err == Approx(exact).epsilon(0.02));
 }
 
 TEST_CASE("VO of every head, bf16, offset search: mean NMSE <= 6e-5", "[real-model]") {

@@ -24,6 +24,7 @@
 
 #include "bd/core/factored_product.hpp"
 #include "bd/core/options.hpp"
+#include "bd/kernel/inverse.hpp"
 
 namespace bd::detail {
 
@@ -76,22 +77,39 @@ struct WindowScore {
   bool singular() const { return !(model < std::numeric_limits<double>::infinity()); }
 };
 
+/// Above this reciprocal condition a block factored in float is far from singular in double
+/// too (float's LU resolves rcond down to about 1e-6); below it the window is scored in double.
+inline constexpr double float_score_rcond = 1e-4;
+
 inline WindowScore score_window(const FactoredProduct& p, const std::vector<Index>& S, bool exact) {
   WindowScore score;
-  const Index r = p.r();
+  const Eigen::VectorXd D = p.row_norm2(S).cwiseSqrt();
+  const double d2 = D.squaredNorm();
+  if (!exact) {
+    // Ranking only, to a few digits: the LU and the k-column solve in float, twice as fast as
+    // double at any SIMD width. Ω_Rᵀ·C = (ΩᵀQ)·Q_S⁻¹ − Ω_Sᵀ;   E‖Ω_Rᵀ·C·D‖² = k·‖C·D‖².
+    const bool window = S.back() - S.front() + 1 == static_cast<Index>(S.size());
+    Eigen::PartialPivLU<Eigen::MatrixXf> lu(window ? Eigen::MatrixXf(p.Qt.middleCols(S.front(), p.r()))
+                                                   : Eigen::MatrixXf(p.Qt(Eigen::all, S)));
+    const double rcond = lu.rcond();
+    if (rcond > float_score_rcond) {
+      Eigen::MatrixXd X = lu.solve(p.sketch_t).transpose().template cast<double>();
+      X -= p.omega(S, Eigen::all).transpose();
+      score.rcond = rcond;
+      score.model = 2 * (X * D.asDiagonal()).squaredNorm() / static_cast<double>(p.sketch.rows()) + d2;
+      return score;
+    }
+  }
   const Eigen::MatrixXd QS = p.Q(S, Eigen::all);
   Eigen::PartialPivLU<Eigen::MatrixXd> lu(QS.transpose());
   score.rcond = lu.rcond();
   if (!(score.rcond >= singular_rcond)) return score;
-  const Eigen::VectorXd D = p.row_norm2(S).cwiseSqrt();
-  const double d2 = D.squaredNorm();
   double cd2;
   if (exact) {
     // ‖C·D‖² = ‖Q_S⁻¹·D‖² − ‖D‖²  (rows S of Q·Q_S⁻¹ are the identity).
-    const Eigen::MatrixXd inv = lu.solve(Eigen::MatrixXd::Identity(r, r)).transpose();
+    const Eigen::MatrixXd inv = bd::kernel::inverse(lu).transpose();
     cd2 = std::max(0.0, (inv * D.asDiagonal()).squaredNorm() - d2);
   } else {
-    // Ω_Rᵀ·C = (ΩᵀQ)·Q_S⁻¹ − Ω_Sᵀ;   E‖Ω_Rᵀ·C·D‖² = k·‖C·D‖².
     Eigen::MatrixXd X = lu.solve(p.sketch.transpose()).transpose();
     X -= p.omega(S, Eigen::all).transpose();
     cd2 = (X * D.asDiagonal()).squaredNorm() / static_cast<double>(p.sketch.rows());

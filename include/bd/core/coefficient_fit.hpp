@@ -25,24 +25,47 @@
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/error.hpp"
 #include "bd/core/factored_product.hpp"
+#include "bd/core/phase_times.hpp"
 #include "bd/core/scalar.hpp"
+#include "bd/kernel/inverse.hpp"
 #include "bd/kernel/matmul.hpp"
 
 namespace bd::detail {
 
-/// A fitted basis in row form; B and C hold the rounded values, in double.
+/// A fitted basis in row form, stored: B and C rounded once to Scalar.
+template <typename Scalar>
 struct BasisFit {
+  using Matrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>;
   std::vector<Index> S;
-  Eigen::MatrixXd B;  ///< r×n
-  Eigen::MatrixXd C;  ///< (m−r)×r
+  Matrix B;  ///< r×n
+  Matrix C;  ///< (m−r)×r
   double residual2 = 0;
   double rcond = 0;
   bool refitted = false;
 };
 
 template <typename Scalar>
-void require_representable(const Eigen::MatrixXd& rounded, const std::string& what, const std::string& name) {
-  if (!rounded.allFinite())
+bool all_finite(const Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>& m) {
+  if constexpr (std::is_same_v<Scalar, Eigen::half> || std::is_same_v<Scalar, Eigen::bfloat16>) {
+    // Exponent bits all ones: ±inf or NaN (half: 5 bits, bfloat16: 8).
+    const std::uint16_t mask = std::is_same_v<Scalar, Eigen::half> ? 0x7c00u : 0x7f80u;
+    const Scalar* p = m.data();
+    std::uint16_t bad = 0;
+    for (Index i = 0; i < m.size(); ++i) {
+      std::uint16_t b;
+      std::memcpy(&b, p + i, sizeof b);
+      bad |= static_cast<std::uint16_t>((b & mask) == mask);
+    }
+    return bad == 0;
+  } else {
+    return m.allFinite();
+  }
+}
+
+template <typename Scalar>
+void require_representable(const Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>& rounded,
+                           const std::string& what, const std::string& name) {
+  if (!all_finite(rounded))
     throw NonFiniteError(message(name, ": the ", what, " overflows ", scalar_traits<Scalar>::name,
                                  " (largest finite value ", max_finite<Scalar>(),
                                  "); store in a wider type or rescale the weights"));
@@ -56,81 +79,176 @@ inline void require_nonsingular(double rcond, const std::vector<Index>& S, const
                                      "blocks) or leave this product dense"));
 }
 
-template <typename Scalar>
-BasisFit fit_basis(const FactoredProduct& p, std::vector<Index> S, bool refit) {
-  using Eigen::MatrixXd;
-  BasisFit fit;
-  const std::vector<Index> R = complement(S, p.m());
-  const MatrixXd US = p.U(S, Eigen::all), UR = p.U(R, Eigen::all);
-  const MatrixXd QS = p.Q(S, Eigen::all);
+/// Which products may run in float. Stored values never lose their fp64 preparation except B
+/// for half and bfloat16 (the bound is in the header comment); the Grams only enter the
+/// refit's correction and the error figure.
+struct ProductPrecision {
+  bool fp32_grams = false;  ///< G = VᵀV, ΔB·V, ΔB·ΔBᵀ
+  bool fp32_basis = false;  ///< B = U_S·Vᵀ
+};
 
-  Eigen::PartialPivLU<MatrixXd> lu(QS.transpose());
+template <typename Scalar>
+ProductPrecision product_precision(bool allowed) {
+  const bool narrow = std::is_same_v<Scalar, Eigen::half> || std::is_same_v<Scalar, Eigen::bfloat16>;
+  return {allowed && !std::is_same_v<Scalar, double>, allowed && narrow};
+}
+
+/// Above this reciprocal condition of Q_S, C = Q_R·Q_S⁻¹ computed in double is accurate to
+/// ε₆₄/rcond ≤ 1e-10 relative: the refit may then leave out D = U_R − C·U_S (which only
+/// corrects that double rounding), far below the 6e-8 of float storage.
+inline constexpr double well_conditioned_rcond = 1e-6;
+
+/// `times` receives the thread-seconds of the fit, round and error steps.
+template <typename Scalar>
+BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool refit, ProductPrecision precision,
+                           PhaseTimes& times) {
+  using Eigen::MatrixXd;
+  using Eigen::MatrixXf;
+  // Products of r×r and larger run on the dispatched kernel (kernel/matmul.hpp), not at the
+  // SSE2 speed Eigen has in a build without -march; solves go through explicit r×r inverses
+  // so that their many right-hand sides become products too.
+  const auto mul = [](const auto& a, const auto& b) { return bd::kernel::matmul(a, b); };
+  const Index r = p.r();
+  const MatrixXd I = MatrixXd::Identity(r, r);
+  Stopwatch clock;
+  BasisFit<Scalar> fit;
+  const std::vector<Index> R = complement(S, p.m());
+  const MatrixXd US = p.U(S, Eigen::all), UR = p.U(R, Eigen::all), QR = p.Q(R, Eigen::all);
+  const auto USt = US.transpose();
+
+  Eigen::PartialPivLU<MatrixXd> lu(MatrixXd(p.Q(S, Eigen::all).transpose()));
   fit.rcond = lu.rcond();
   require_nonsingular(fit.rcond, S, p.name);
-  MatrixXd C = lu.solve(p.Q(R, Eigen::all).transpose()).transpose();
+  const MatrixXd QSinv = bd::kernel::inverse(lu).transpose();  // C = Q_R·Q_S⁻¹
 
-  // Every product here is r×r or larger (B is r×n): they run on the dispatched kernel
-  // (kernel/matmul.hpp), not at the SSE2 speed Eigen has in a build without -march.
-  const auto mul = [](const auto& a, const auto& b) { return bd::kernel::matmul(a, b); };
-  const MatrixXd USt = US.transpose();
-  const MatrixXd B = mul(US, MatrixXd(p.V.transpose()));
-  fit.B = rounded_in_double<Scalar>(B);
-  require_representable<Scalar>(fit.B, "basis", p.name);
+  // B = U_S·Vᵀ, its stored value B̂ and ΔB = B̂ − B (float when the Grams are).
   const bool exact_basis = std::is_same_v<Scalar, double>;
-  MatrixXd dBV = MatrixXd::Zero(p.r(), p.r()), dBdBt = MatrixXd::Zero(p.r(), p.r());
+  MatrixXf dBf;
   MatrixXd dB;
-  if (!exact_basis) {
-    dB = fit.B - B;
-    dBV = mul(dB, p.V);
-    dBdBt = mul(dB, MatrixXd(dB.transpose()));
+  bool formed_in_float = false;
+  if constexpr (bd::kernel::detail::is_narrow_v<Scalar>) {
+    if (precision.fp32_basis) {
+      const MatrixXf B = mul(MatrixXf(US.cast<float>()), p.Vf.transpose());
+      times.fit += clock.lap();
+      fit.B = round_matrix<Scalar>(B);
+      // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
+      dBf = values_as<float>(fit.B) - B;
+      formed_in_float = true;
+    }
   }
+  if (!formed_in_float) {
+    const MatrixXd B = mul(US, p.V.transpose());
+    times.fit += clock.lap();
+    fit.B = round_matrix<Scalar>(B);
+    if constexpr (!std::is_same_v<Scalar, double>) {
+      dB = values_as<double>(fit.B) - B;
+      if (precision.fp32_grams) dBf = dB.cast<float>();
+    }
+  }
+  require_representable<Scalar>(fit.B, "basis", p.name);
+  times.round += clock.lap();
 
-  if (refit) {
-    const MatrixXd D = UR - mul(C, US);
-    const MatrixXd GUSt = mul(p.G, USt), dBVt = dBV.transpose();
-    const MatrixXd BBt = mul(US, GUSt) + mul(US, dBVt) + mul(dBV, USt) + dBdBt;
-    const MatrixXd rhs = mul(D, MatrixXd(GUSt + dBVt)) - mul(C, MatrixXd(mul(dBV, USt) + dBdBt));
-    Eigen::LDLT<MatrixXd> ldlt(BBt);
-    // A dependent basis (rank-deficient V) leaves B̂B̂ᵀ singular: the unrefitted C is then kept.
-    if (ldlt.info() == Eigen::Success && ldlt.isPositive() && ldlt.rcond() > 1e-13) {
-      C += ldlt.solve(rhs.transpose()).transpose();
-      fit.refitted = true;
+  MatrixXd C;
+  MatrixXd dBV = MatrixXd::Zero(r, r), dBdBt = MatrixXd::Zero(r, r);
+  double dB2 = 0;  // ‖ΔB‖²
+  if (exact_basis) {
+    // B̂ = B: C is already the least-squares fit; nothing to refit against.
+    C = mul(QR, QSinv);
+  } else {
+    if (precision.fp32_grams) {
+      dBV = mul(dBf, p.Vf).template cast<double>();
+      dBdBt = mul(dBf, dBf.transpose()).template cast<double>();
+      dB2 = dBf.template cast<double>().squaredNorm();
+    } else {
+      dBV = mul(dB, p.V);
+      dBdBt = mul(dB, dB.transpose());
+      dB2 = dB.squaredNorm();
+    }
+    dBdBt = (0.5 * (dBdBt + dBdBt.transpose())).eval();
+    if (!refit) {
+      C = mul(QR, QSinv);
+    } else {
+      // Normal equations C'·B̂B̂ᵀ = U_R·Vᵀ·B̂ᵀ with B̂ = B + ΔB and C·U_S = U_R − D:
+      //   Y = ΔB·B̂ᵀ = ΔB·V·U_Sᵀ + ΔB·ΔBᵀ,   B̂B̂ᵀ = U_S·G·U_Sᵀ + Y + Yᵀ − ΔB·ΔBᵀ,
+      //   C' = C − C·Y·(B̂B̂ᵀ)⁻¹ + D·(G·U_Sᵀ + (ΔB·V)ᵀ)·(B̂B̂ᵀ)⁻¹.
+      // Without D, C' = Q_R·Q_S⁻¹·(I − Y·(B̂B̂ᵀ)⁻¹): one (m−r)×r×r product for the whole fit.
+      const MatrixXd GUSt = mul(p.G, USt), Y = mul(dBV, USt) + dBdBt;
+      const MatrixXd BBt = mul(US, GUSt) + Y + Y.transpose() - dBdBt;
+      const Eigen::LLT<MatrixXd> llt(BBt);
+      // A dependent basis (rank-deficient V) leaves B̂B̂ᵀ singular: the unrefitted C is then kept.
+      if (llt.info() == Eigen::Success && llt.rcond() > 1e-13) {
+        const MatrixXd inv = bd::kernel::inverse(llt);
+        C = mul(QR, mul(QSinv, MatrixXd(I - mul(Y, inv))));
+        if (fit.rcond < well_conditioned_rcond) {
+          const MatrixXd D = UR - mul(mul(QR, QSinv), US);
+          C += mul(D, mul(MatrixXd(GUSt + dBV.transpose()), inv));
+        }
+        fit.refitted = true;
+      } else {
+        C = mul(QR, QSinv);
+      }
     }
   }
 
-  fit.C = rounded_in_double<Scalar>(C);
+  times.fit += clock.lap();
+  fit.C = round_matrix<Scalar>(C);
   require_representable<Scalar>(fit.C, "coefficient matrix", p.name);
-  const MatrixXd Dh = UR - mul(fit.C, US), Ct = fit.C.transpose();
-  double e2 = mul(MatrixXd(Dh.transpose()), Dh).cwiseProduct(p.G).sum();
-  if (!exact_basis) {
-    e2 += -2 * mul(Ct, Dh).cwiseProduct(dBV).sum() + mul(Ct, fit.C).cwiseProduct(dBdBt).sum() + dB.squaredNorm();
+  times.round += clock.lap();
+  // D̂ = U_R − Ĉ·U_S in double (it cancels to the size of the error); its Grams in float when
+  // allowed: they are already at the scale of the error, so float keeps 6 digits of it.
+  const MatrixXd Ch = values_as<double>(fit.C);
+  const MatrixXd Dh = UR - mul(Ch, US);
+  double e2;
+  if (exact_basis) {
+    e2 = mul(Dh.transpose(), Dh).cwiseProduct(p.G).sum();
+  } else {
+    MatrixXd DtD, CtD, CtC;
+    if (precision.fp32_grams) {
+      MatrixXf X(Dh.rows(), 2 * r);
+      X << Dh.cast<float>(), Ch.cast<float>();
+      const MatrixXd XtX = mul(X.transpose(), X).template cast<double>();  // [D̂ Ĉ]ᵀ[D̂ Ĉ]
+      DtD = XtX.topLeftCorner(r, r), CtD = XtX.bottomLeftCorner(r, r), CtC = XtX.bottomRightCorner(r, r);
+    } else {
+      DtD = mul(Dh.transpose(), Dh), CtD = mul(Ch.transpose(), Dh), CtC = mul(Ch.transpose(), Ch);
+    }
+    e2 = DtD.cwiseProduct(p.G).sum() - 2 * CtD.cwiseProduct(dBV).sum() + CtC.cwiseProduct(dBdBt).sum() + dB2;
   }
   fit.residual2 = std::max(0.0, e2);
   fit.S = std::move(S);
+  times.error += clock.lap();
   return fit;
 }
 
 /// The same for a dense W (row form): B = W_S exactly, C by least squares against round(B)
 /// (or B when refit is off), residual computed on W itself.
 template <typename Scalar>
-BasisFit fit_basis_dense(const Eigen::MatrixXd& W, const FactoredProduct& p, std::vector<Index> S, bool refit) {
+BasisFit<Scalar> fit_basis_dense(const Eigen::MatrixXd& W, const FactoredProduct& p, std::vector<Index> S, bool refit,
+                                 PhaseTimes& times) {
   using Eigen::MatrixXd;
-  BasisFit fit;
+  Stopwatch clock;
+  BasisFit<Scalar> fit;
   const std::vector<Index> R = complement(S, W.rows());
   Eigen::PartialPivLU<MatrixXd> lu(MatrixXd(p.Q(S, Eigen::all)));
   fit.rcond = lu.rcond();
   require_nonsingular(fit.rcond, S, p.name);
 
   const MatrixXd B = W(S, Eigen::all);
-  fit.B = rounded_in_double<Scalar>(B);
+  times.fit += clock.lap();
+  fit.B = round_matrix<Scalar>(B);
   require_representable<Scalar>(fit.B, "basis", p.name);
+  const MatrixXd Bh = values_as<double>(fit.B);
+  times.round += clock.lap();
   const MatrixXd WR = W(R, Eigen::all);
-  Eigen::ColPivHouseholderQR<MatrixXd> qr(MatrixXd(refit ? fit.B : B).transpose());
-  fit.C = rounded_in_double<Scalar>(MatrixXd(qr.solve(WR.transpose()).transpose()));
+  Eigen::ColPivHouseholderQR<MatrixXd> qr(MatrixXd(refit ? Bh : B).transpose());
+  const MatrixXd C = qr.solve(WR.transpose()).transpose();
+  times.fit += clock.lap();
+  fit.C = round_matrix<Scalar>(C);
   fit.refitted = refit;
   require_representable<Scalar>(fit.C, "coefficient matrix", p.name);
-  fit.residual2 = (WR - fit.C * fit.B).squaredNorm() + (B - fit.B).squaredNorm();
+  times.round += clock.lap();
+  fit.residual2 = (WR - values_as<double>(fit.C) * Bh).squaredNorm() + (B - Bh).squaredNorm();
   fit.S = std::move(S);
+  times.error += clock.lap();
   return fit;
 }
 

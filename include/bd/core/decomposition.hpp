@@ -15,6 +15,7 @@
 #include <Eigen/Core>
 
 #include "bd/core/options.hpp"
+#include "bd/core/phase_times.hpp"
 #include "bd/core/scalar.hpp"
 
 namespace bd {
@@ -35,6 +36,7 @@ struct Report {
   Index windows_skipped = 0;   ///< candidates skipped as singular
   bool refitted = false;       ///< coefficients were refitted against the rounded basis
   std::string reason;          ///< what was chosen and why, in words
+  PhaseTimes phases;           ///< where preparation spent its time (of the whole call: all heads)
 };
 
 template <typename Scalar_>
@@ -152,6 +154,8 @@ public:
   Basis requested() const { return requested_; }
   Basis chosen() const { return chosen_; }
   const std::string& reason() const { return reason_; }
+  /// Where preparing the whole set spent its time.
+  const PhaseTimes& phases() const { return heads_.empty() ? empty_phases() : heads_.front().report().phases; }
   double mean_nmse() const {
     double sum = 0;
     for (const auto& h : heads_) sum += h.report().nmse;
@@ -164,6 +168,10 @@ public:
   }
 
 private:
+  static const PhaseTimes& empty_phases() {
+    static const PhaseTimes none;
+    return none;
+  }
   std::vector<Decomposition<Scalar>> heads_;
   bool shared_ = true;
   Basis requested_ = Basis::OffsetSearch, chosen_ = Basis::OffsetSearch;

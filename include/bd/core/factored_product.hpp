@@ -12,12 +12,14 @@
 #include <random>
 #include <string>
 
+#include <Eigen/Cholesky>
 #include <Eigen/Core>
 #include <Eigen/Eigenvalues>
 #include <Eigen/QR>
 
 #include "bd/core/error.hpp"
 #include "bd/core/options.hpp"
+#include "bd/kernel/inverse.hpp"
 #include "bd/kernel/matmul.hpp"
 
 namespace bd::detail {
@@ -25,10 +27,13 @@ namespace bd::detail {
 struct FactoredProduct {
   Eigen::MatrixXd U;          ///< m×r, the factor on the basis side
   Eigen::MatrixXd V;          ///< n×r
+  Eigen::MatrixXf Vf;         ///< n×r, V rounded to float when Grams or B are formed in fp32 (else empty)
   Eigen::MatrixXd Q;          ///< m×r, orthonormal, range(Q) = range(U)
   Eigen::MatrixXd G;          ///< r×r, VᵀV
   Eigen::VectorXd row_norm2;  ///< ‖W_i,:‖² for every row i
+  Eigen::MatrixXf Qt;         ///< r×m, Qᵀ in float: a window's Q_Sᵀ is a contiguous block (ranking)
   Eigen::MatrixXd sketch;     ///< k×r, ΩᵀQ with Ω an m×k standard Gaussian matrix
+  Eigen::MatrixXf sketch_t;   ///< r×k, (ΩᵀQ)ᵀ in float
   Eigen::MatrixXd omega;      ///< m×k, Ω
   double norm2 = 0;           ///< ‖W‖²_F
   std::string name;           ///< how messages name this product ("head 3", "W")
@@ -38,25 +43,59 @@ struct FactoredProduct {
   Index r() const { return U.cols(); }
 };
 
+/// AᵀA on the dispatched kernel (Aᵀ read in place), exactly symmetric, in double.
+template <typename T>
+Eigen::MatrixXd gram(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& A) {
+  const Eigen::MatrixXd g = bd::kernel::matmul(A.transpose(), A).template cast<double>();
+  return 0.5 * (g + g.transpose());
+}
+
+/// Q with range(Q) = range(U), QᵀQ = I, by Cholesky QR: UᵀU = RᵀR, Q = U·R⁻¹ (two GEMMs on the
+/// dispatched kernel, where Householder QR would run level-2 code at the build's SIMD width).
+/// One pass loses orthogonality as κ(U)²·u, so a second pass (CholeskyQR2, Fukaya et al. 2014)
+/// follows when κ(U) > 10² and Q is then orthonormal to working precision. Returns false when
+/// κ(U) > 10⁶ (UᵀU is then too ill-conditioned to factor): the caller uses Householder QR.
+inline bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q) {
+  Q = U;
+  for (int pass = 0; pass < 2; ++pass) {
+    const Eigen::LLT<Eigen::MatrixXd> llt(gram(Q));
+    if (llt.info() != Eigen::Success) return false;
+    const double rcond = llt.rcond();  // ≈ 1/κ(Q)²
+    if (pass == 0 && !(rcond > 1e-12)) return false;
+    const Eigen::MatrixXd Rinv = bd::kernel::lower_inverse(llt.matrixLLT()).transpose();  // R = Lᵀ
+    Q = bd::kernel::matmul(Q, Rinv);
+    if (pass == 0 && rcond > 1e-4) break;
+  }
+  return true;
+}
+
 /// Precomputes a product's invariants. Throws SingularBasisError when U is rank-deficient:
 /// then every r rows of W are dependent and no basis exists (a zero or pruned head).
 /// A rank-deficient V is allowed: W_R = (U_R·U_S⁻¹)·(U_S·Vᵀ) holds for any V.
-inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, const Options& opts, std::string name) {
+/// `fp32_gram`: G = VᵀV formed in float (see coefficient_fit.hpp for why that is safe).
+inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, const Options& opts, std::string name,
+                                      bool fp32_gram = false) {
   FactoredProduct p;
   p.name = std::move(name);
   const Index m = U.rows(), r = U.cols();
 
-  Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(U);
-  if (qr.rank() < r)
-    throw SingularBasisError(message(p.name, ": the basis-side factor (", m, "x", r, ") has numerical rank ", qr.rank(),
-                                     " < r = ", r, ", so every choice of ", r,
-                                     " basis rows is singular (a zero, pruned or tied head?); leave it dense "
-                                     "or use a smaller rank"));
-  p.Q = qr.householderQ() * Eigen::MatrixXd::Identity(m, r);
+  if (!cholesky_qr(U, p.Q)) {
+    Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(U);
+    if (qr.rank() < r)
+      throw SingularBasisError(message(p.name, ": the basis-side factor (", m, "x", r, ") has numerical rank ", qr.rank(),
+                                       " < r = ", r, ", so every choice of ", r,
+                                       " basis rows is singular (a zero, pruned or tied head?); leave it dense "
+                                       "or use a smaller rank"));
+    p.Q = qr.householderQ() * Eigen::MatrixXd::Identity(m, r);
+  }
 
-  p.G = bd::kernel::matmul(Eigen::MatrixXd(V.transpose()), V);  // VᵀV, depth n: the dispatched kernel
-  p.G = (0.5 * (p.G + p.G.transpose())).eval();                        // exactly symmetric
-  p.row_norm2 = ((U * p.G).array() * U.array()).rowwise().sum().max(0.0);
+  if (fp32_gram) {
+    p.Vf = V.cast<float>();
+    p.G = gram(p.Vf);
+  } else {
+    p.G = gram(V);
+  }
+  p.row_norm2 = (bd::kernel::matmul(U, p.G).array() * U.array()).rowwise().sum().max(0.0);
   p.norm2 = p.row_norm2.sum();
 
   const Index k = std::max<Index>(1, opts.sketch_columns);
@@ -64,6 +103,8 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, cons
   std::normal_distribution<double> normal;
   p.omega = Eigen::MatrixXd::NullaryExpr(m, k, [&]() { return normal(rng); });
   p.sketch = p.omega.transpose() * p.Q;
+  p.Qt = p.Q.transpose().cast<float>();
+  p.sketch_t = p.sketch.transpose().cast<float>();
 
   p.U = std::move(U);
   p.V = std::move(V);

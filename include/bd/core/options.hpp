@@ -47,6 +47,10 @@ struct Options {
   double error_budget = 10.0;
   /// Columns of the random sketch used to rank candidate windows.
   Index sketch_columns = 8;
+  /// Run the large products in float where that is provably harmless (coefficient_fit.hpp):
+  /// the Grams VᵀV, ΔB·V, ΔB·ΔBᵀ for every storage type but double, and B = U_S·Vᵀ for half
+  /// and bfloat16. false: every product in double (twice the time, the reference for tests).
+  bool fp32_products = true;
   /// Seed of the sketch; fixed so preparation is reproducible.
   std::uint64_t seed = 0x5eed0bd5eed0bdULL;
 
@@ -56,6 +60,7 @@ struct Options {
   Options& with_window(Index o) { basis = Basis::Window; offset = o; return *this; }
   Options& with_refit(bool r) { refit = r; return *this; }
   Options& with_error_budget(double b) { error_budget = b; return *this; }
+  Options& with_fp32_products(bool f) { fp32_products = f; return *this; }
 };
 
 inline const char* to_string(Side side) { return side == Side::Row ? "row" : "col"; }

@@ -13,6 +13,8 @@
 
 #include <Eigen/Core>
 
+#include "bd/kernel/convert.hpp"
+
 namespace bd {
 
 template <typename Scalar>
@@ -70,38 +72,19 @@ double max_finite() {
   return static_cast<double>(static_cast<acc_t<Scalar>>(Eigen::NumTraits<Scalar>::highest()));
 }
 
-namespace detail {
-
-/// double → float rounding to odd: truncate towards zero and set the last bit when inexact.
-/// A value rounded to odd with at least p+2 bits, then rounded to nearest-even with p bits,
-/// equals the value rounded once to p bits (Boldo & Melquiond). float has 24 bits, half 11 and
-/// bfloat16 8, so double → odd float → half/bfloat16 is a single correct rounding, where the
-/// naive double → float → half would round twice.
-inline float round_to_odd_float(double x) {
-  float f = static_cast<float>(x);
-  const double back = static_cast<double>(f);
-  if (back == x || !std::isfinite(f)) return f;  // exact, NaN, or beyond float's range
-  std::uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if (std::fabs(back) > std::fabs(x)) bits -= 1;  // rounded away from zero: truncate instead
-  bits |= 1u;                                      // inexact: make the last bit odd
-  std::memcpy(&f, &bits, sizeof bits);
-  return f;
-}
-
-}  // namespace detail
-
-/// Rounds a double to Scalar once, to nearest-even.
+/// Rounds a double to Scalar once, to nearest-even (for half and bfloat16 through float
+/// rounded to odd: one rounding, not two; see kernel/convert.hpp).
 template <typename Scalar>
 Scalar round_to(double x) {
   static_assert(is_supported_scalar_v<Scalar>, "bd supports double, float, Eigen::half and Eigen::bfloat16");
-  if constexpr (std::is_same_v<Scalar, double>) {
-    return x;
-  } else if constexpr (std::is_same_v<Scalar, float>) {
-    return static_cast<float>(x);
-  } else {
-    return Scalar(detail::round_to_odd_float(x));
-  }
+  return kernel::detail::round_one<Scalar>(x);
+}
+
+/// Rounds a float to Scalar once (exact for float and double).
+template <typename Scalar>
+Scalar round_to(float x) {
+  static_assert(is_supported_scalar_v<Scalar>, "bd supports double, float, Eigen::half and Eigen::bfloat16");
+  return kernel::detail::round_one<Scalar>(x);
 }
 
 /// Value of a Scalar as a double (exact for every supported type).
@@ -110,16 +93,35 @@ double to_double(Scalar x) {
   return static_cast<double>(static_cast<acc_t<Scalar>>(x));
 }
 
-/// Rounds a double matrix to Scalar once, element by element.
+/// Rounds a double (or float) matrix to Scalar once, element by element (kernel/convert.hpp:
+/// vectorised for the CPU the program runs on).
 template <typename Scalar, typename Derived>
 Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic> round_matrix(const Eigen::MatrixBase<Derived>& m) {
-  return m.derived().unaryExpr([](double x) { return round_to<Scalar>(x); });
+  using In = typename Derived::Scalar;
+  static_assert(std::is_same_v<In, double> || std::is_same_v<In, float>, "round_matrix: double or float input");
+  using InMatrix = Eigen::Matrix<In, Eigen::Dynamic, Eigen::Dynamic>;
+  const Eigen::Ref<const InMatrix> in(m.derived());  // a plain, contiguous matrix: no copy
+  Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic> out(m.rows(), m.cols());
+  if (in.outerStride() == in.rows()) {
+    kernel::round_into(in.data(), in.size(), out.data());
+  } else {
+    for (Eigen::Index j = 0; j < in.cols(); ++j) kernel::round_into(in.col(j).data(), in.rows(), out.col(j).data());
+  }
+  return out;
+}
+
+/// The values of a Scalar matrix in Out (float or double; exact, Out at least as wide).
+template <typename Out, typename Scalar>
+Eigen::Matrix<Out, Eigen::Dynamic, Eigen::Dynamic> values_as(const Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>& m) {
+  Eigen::Matrix<Out, Eigen::Dynamic, Eigen::Dynamic> out(m.rows(), m.cols());
+  kernel::widen_into(m.data(), m.size(), out.data());
+  return out;
 }
 
 /// The values a double matrix takes once rounded to Scalar, kept in double.
 template <typename Scalar, typename Derived>
 Eigen::MatrixXd rounded_in_double(const Eigen::MatrixBase<Derived>& m) {
-  return m.derived().unaryExpr([](double x) { return to_double(round_to<Scalar>(x)); });
+  return values_as<double>(round_matrix<Scalar>(m.template cast<double>()));
 }
 
 }  // namespace bd

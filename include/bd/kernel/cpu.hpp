@@ -7,7 +7,7 @@
 // the wide registers) supports:
 //
 //   Isa::avx512    AVX-512 F, BW, DQ and VL (Skylake-X and later, Zen 4 and later)
-//   Isa::avx2      AVX2 and FMA (Haswell and later, Zen 1 and later)
+//   Isa::avx2      AVX2, FMA and F16C (Haswell and later, Zen 1 and later)
 //   Isa::portable  plain C++, any CPU and any compiler
 //
 // The environment variable BD_CPU=portable|avx2|avx512 forces a path (for tests and benchmark
@@ -26,8 +26,9 @@
 #define BD_KERNEL_X86 1
 // Per-function instruction sets. AVX-512 kernels ask for the same four extensions the CPU check
 // requires, so that nothing they inline can need more than was verified.
-#define BD_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#define BD_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+#define BD_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define BD_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+#include <cpuid.h>
 #endif
 
 namespace bd::kernel {
@@ -48,7 +49,10 @@ inline bool cpu_has(Isa isa) {
 #ifdef BD_KERNEL_X86
   static const bool avx2 = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    // F16C (half conversions) is not in Clang's list of __builtin_cpu_supports names: CPUID.1:ECX.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   }();
   static const bool avx512 = [] {
     __builtin_cpu_init();

@@ -30,7 +30,7 @@ namespace bd::kernel {
 namespace detail {
 template <typename Kernel, typename T, typename S>
 void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads) {
-  if (a.rows <= skinny_rows) return gemm_skinny<Kernel>(a, threads);
+  if (a.rows <= skinny_rows && !a.x_row_major && !a.b_row_major) return gemm_skinny<Kernel>(a, threads);
   gemm_packed<Kernel>(a, total, blk, threads);
 }
 }  // namespace detail
@@ -41,7 +41,7 @@ void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int
 /// of threads; different instruction sets sum in different orders (last-bit differences).
 template <typename T, typename S>
 void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 0) {
-  eigen_assert(a.rows >= 0 && a.ldx >= a.rows && a.ldo >= a.rows && "bd::kernel::gemm: leading dimensions");
+  eigen_assert(a.rows >= 0 && (a.x_row_major || a.ldx >= a.rows) && a.ldo >= a.rows && "bd::kernel::gemm: leading dimensions");
   Index total = 0;
   for (const auto& seg : a.segments) total += seg.width;
   if (a.rows == 0 || total == 0) return;

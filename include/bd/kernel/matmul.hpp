@@ -1,12 +1,16 @@
 // bd/kernel/matmul.hpp — a plain product a·b on the dispatched kernel, for preparation.
 //
-// Preparation runs in double (forming B = U_S·Vᵀ, Grams, refits). Eigen's own products are
-// compiled with the flags of the program that includes bd — SSE2 in a default build, a quarter
-// of what an AVX2 or AVX-512 core does in double. Products large enough to matter go through
-// bd::kernel::gemm (runtime-dispatched); small ones stay with Eigen, where the call costs less.
+// Preparation runs in double, and in float where that is provably harmless (forming B = U_S·Vᵀ,
+// Grams, refits). Eigen's own products are compiled with the flags of the program that
+// includes bd — SSE2 in a default build, a quarter of what an AVX2 or AVX-512 core does.
+// Products large enough to matter go through bd::kernel::gemm (runtime-dispatched); small ones
+// stay with Eigen, where the call costs less. Operands with direct access are read in place,
+// transposed ones too (`matmul(V.transpose(), V)` copies nothing): the kernel packs either
+// storage order.
 #pragma once
 
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -18,41 +22,67 @@ namespace bd::kernel {
 /// Multiply-adds below which matmul() leaves the product to Eigen.
 inline constexpr Index matmul_threshold = Index(64) * 64 * 64;
 
-/// out = a·b (a: L×K, b: K×N, any strides). On up to omp_get_max_threads() threads, one inside
-/// a parallel region (preparation's per-head loops).
+namespace detail {
+
+/// An operand as the kernel reads it: a pointer, a leading dimension and a storage order.
 template <typename T>
-void matmul_into(const Eigen::Ref<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>>& a,
-                 const Eigen::Ref<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>>& b,
-                 Eigen::Ref<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>> out) {
+struct Operand {
+  const T* data = nullptr;
+  Index ld = 0;
+  bool row_major = false;
+};
+
+template <typename Derived>
+constexpr bool directly_readable_v = (int(Derived::Flags) & Eigen::DirectAccessBit) != 0;
+
+/// The operand of an expression with direct access and unit inner stride (a matrix, a block, a
+/// Map or Ref, or the transpose of one); anything else is evaluated into `storage` first.
+template <typename Derived, typename T = typename Derived::Scalar>
+Operand<T> operand(const Eigen::MatrixBase<Derived>& m, Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& storage) {
+  if constexpr (directly_readable_v<Derived>) {
+    if (m.innerStride() == 1) return {m.derived().data(), m.outerStride(), bool(Derived::IsRowMajor)};
+  }
+  storage = m;
+  return {storage.data(), storage.outerStride(), false};
+}
+
+}  // namespace detail
+
+/// out = a·b (a: L×K, b: K×N; column-major out, any operands) on the dispatched kernel. On up
+/// to omp_get_max_threads() threads, one inside a parallel region (preparation's per-head loops).
+template <typename DerivedA, typename DerivedB, typename DerivedOut>
+void matmul_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b,
+                 Eigen::MatrixBase<DerivedOut>& out) {
+  using T = typename DerivedA::Scalar;
+  static_assert(std::is_same_v<T, typename DerivedB::Scalar> && std::is_same_v<T, typename DerivedOut::Scalar>,
+                "matmul: one scalar type");
+  static_assert(!DerivedOut::IsRowMajor && detail::directly_readable_v<DerivedOut>,
+                "matmul: the output is a column-major matrix, block or Ref");
   eigen_assert(a.cols() == b.rows() && out.rows() == a.rows() && out.cols() == b.cols() && "matmul: shapes disagree");
+  eigen_assert(out.innerStride() == 1);
   if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= detail::skinny_rows) {
-    out.noalias() = a * b;
+    out.derived().noalias() = a * b;
     return;
   }
+  Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
+  const detail::Operand<T> x = detail::operand(a, a_storage), y = detail::operand(b, b_storage);
   std::vector<Index> channels(static_cast<std::size_t>(a.cols()));
   std::iota(channels.begin(), channels.end(), Index(0));
   GemmArguments<T, T> args;
   args.rows = a.rows();
-  args.x = a.data(), args.ldx = a.outerStride();
-  args.b = b.data(), args.ldb = b.outerStride();
-  args.out = out.data(), args.ldo = out.outerStride();
+  args.x = x.data, args.ldx = x.ld, args.x_row_major = x.row_major;
+  args.b = y.data, args.ldb = y.ld, args.b_row_major = y.row_major;
+  args.out = out.derived().data(), args.ldo = out.outerStride();
   args.segments.push_back({channels.data(), a.cols(), 0, b.cols()});
   gemm(args);
 }
 
-/// a·b as a new matrix. Transposed operands are evaluated (copied) first: the copy is
-/// O(size), the product O(size·depth).
+/// a·b as a new column-major matrix.
 template <typename DerivedA, typename DerivedB>
 Eigen::Matrix<typename DerivedA::Scalar, Eigen::Dynamic, Eigen::Dynamic> matmul(const Eigen::MatrixBase<DerivedA>& a,
                                                                               const Eigen::MatrixBase<DerivedB>& b) {
-  using T = typename DerivedA::Scalar;
-  using M = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
-  M out(a.rows(), b.cols());
-  if (a.rows() * a.cols() * b.cols() < matmul_threshold) {
-    out.noalias() = a * b;
-  } else {
-    matmul_into<T>(a, b, out);
-  }
+  Eigen::Matrix<typename DerivedA::Scalar, Eigen::Dynamic, Eigen::Dynamic> out(a.rows(), b.cols());
+  matmul_into(a, b, out);
   return out;
 }
 

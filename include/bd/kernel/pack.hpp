@@ -75,6 +75,20 @@ inline __m128 load4_bf16(const Eigen::bfloat16* p) {
 /// k-major inside a panel, zero columns past w.
 template <Index NR, typename T, typename S>
 void pack_b(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn, T* packed) {
+  if (a.b_row_major) {
+    // A panel's row k is NR consecutive values of B's row k0 + k: a copy, no transpose.
+    for (Index j0 = 0; j0 < round_up(w, NR); j0 += NR) {
+      T* panel = packed + j0 * kn;
+      const Index wj = std::min(NR, w - j0);
+      for (Index k = 0; k < kn; ++k) {
+        const S* row = a.b + (k0 + k) * a.ldb + c0 + j0;
+        T* to = panel + k * NR;
+        for (Index j = 0; j < wj; ++j) to[j] = static_cast<T>(row[j]);
+        for (Index j = wj; j < NR; ++j) to[j] = T(0);
+      }
+    }
+    return;
+  }
   for (Index j0 = 0; j0 < round_up(w, NR); j0 += NR) {
     T* panel = packed + j0 * kn;
     const auto column = [&](Index j) { return a.b + (c0 + j0 + j) * a.ldb + k0; };
@@ -120,6 +134,22 @@ void pack_b(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn,
 /// inside a panel, zero rows past m.
 template <Index MR, typename T, typename S>
 void pack_a(const GemmArguments<T, S>& a, const Segment& seg, Index r0, Index m, Index k0, Index kn, T* packed) {
+  if (a.x_row_major) {
+    // Row i of X is contiguous along the channels: read it once, scatter into the panel.
+    for (Index i0 = 0; i0 < m; i0 += MR) {
+      T* panel = packed + i0 * kn;
+      const Index mi = std::min(MR, m - i0);
+      for (Index i = 0; i < MR; ++i) {
+        if (i >= mi) {
+          for (Index k = 0; k < kn; ++k) panel[k * MR + i] = T(0);
+          continue;
+        }
+        const T* row = a.x + (r0 + i0 + i) * a.ldx;
+        for (Index k = 0; k < kn; ++k) panel[k * MR + i] = row[seg.channels[k0 + k]];
+      }
+    }
+    return;
+  }
   for (Index i0 = 0; i0 < m; i0 += MR) {
     T* panel = packed + i0 * kn;
     const Index mi = std::min(MR, m - i0);

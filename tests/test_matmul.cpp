@@ -1,0 +1,68 @@
+// bd::kernel::matmul, preparation's product, equals Eigen's a·b for every storage order the
+// kernel reads in place (a transposed operand is packed from its rows, not copied), for odd
+// shapes around the micro-tiles and the blocking, float and double, on every micro-kernel this
+// CPU runs; an expression without direct access is evaluated first.
+#include <bd/kernel/matmul.hpp>
+
+#include "support.hpp"
+
+namespace {
+
+template <typename T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+
+// Both sides sum the same depth-K products in different orders: |error| ≤ K·u·Σ|a||b|, and with
+// unit Gaussian entries Σ|a||b| stays below 4·sqrt(K)·max|a·b| in these sizes; 64·K·u bounds it.
+template <typename T>
+void expect_close(const Mat<T>& got, const Mat<T>& want, Eigen::Index depth) {
+  const double bound = 64.0 * double(depth) * double(Eigen::NumTraits<T>::epsilon());
+  const double scale = std::max(1.0, double(want.cwiseAbs().maxCoeff()));
+  REQUIRE(got.rows() == want.rows());
+  REQUIRE(got.cols() == want.cols());
+  CHECK(double((got - want).cwiseAbs().maxCoeff()) <= bound * scale);
+}
+
+template <typename T>
+void check_orders(Eigen::Index L, Eigen::Index K, Eigen::Index N, unsigned seed) {
+  INFO("L = " << L << ", K = " << K << ", N = " << N);
+  const Mat<T> a = bd_test::gaussian(L, K, seed).cast<T>(), b = bd_test::gaussian(K, N, seed + 1).cast<T>();
+  const Mat<T> at = a.transpose(), bt = b.transpose();
+  const Mat<T> want = a * b;
+  expect_close<T>(bd::kernel::matmul(a, b), want, K);
+  expect_close<T>(bd::kernel::matmul(at.transpose(), b), want, K);              // X row-major
+  expect_close<T>(bd::kernel::matmul(a, bt.transpose()), want, K);              // B row-major
+  expect_close<T>(bd::kernel::matmul(at.transpose(), bt.transpose()), want, K); // both
+  // Blocks with a leading dimension larger than their rows, and an expression without direct
+  // access (evaluated first).
+  const Mat<T> wide = bd_test::gaussian(L + 5, K + 3, seed + 2).cast<T>();
+  expect_close<T>(bd::kernel::matmul(wide.block(2, 1, L, K), b), Mat<T>(wide.block(2, 1, L, K) * b), K);
+  expect_close<T>(bd::kernel::matmul(T(2) * a, b), Mat<T>(T(2) * want), K);
+  // Into a block of a larger output, columns outside it untouched.
+  Mat<T> out = Mat<T>::Constant(L, N + 2, T(7));
+  auto inner = out.middleCols(1, N);
+  bd::kernel::matmul_into(at.transpose(), b, inner);
+  expect_close<T>(Mat<T>(out.middleCols(1, N)), want, K);
+  CHECK((out.col(0).array() == T(7)).all());
+  CHECK((out.col(N + 1).array() == T(7)).all());
+}
+
+}  // namespace
+
+TEST_CASE("matmul: every storage order equals Eigen's product, float and double", "[kernel][matmul]") {
+  bd_test::for_each_isa([] {
+    for (auto [L, K, N] : {std::tuple<int, int, int>{128, 128, 128}, {131, 97, 45}, {37, 513, 29}, {200, 64, 700},
+                           {65, 1000, 13}}) {
+      check_orders<double>(L, K, N, 11u + unsigned(L));
+      check_orders<float>(L, K, N, 17u + unsigned(L));
+    }
+  });
+}
+
+TEST_CASE("matmul: a Gram VᵀV read in place is exactly what the copied transpose gives", "[kernel][matmul]") {
+  // Same kernel, same packing values, same order: reading Vᵀ in place changes nothing.
+  bd_test::for_each_isa([] {
+    const Mat<double> V = bd_test::gaussian(2048, 128, 5);
+    const Mat<double> copied = bd::kernel::matmul(Mat<double>(V.transpose()), V);
+    CHECK(bd::kernel::matmul(V.transpose(), V) == copied);
+  });
+}
