@@ -1,7 +1,11 @@
 // prepare/<strategy>/deepseek-v2-lite: Basis Decomposition of QK and VO for every head of all
-// 27 layers of DeepSeek-V2-Lite (synthetic weights, exact shapes), stored in f16.
+// 27 layers of DeepSeek-V2-Lite (synthetic weights, exact shapes), stored in f16 (and, for
+// prepare-f32/…, in f32: B formed in double). prepare/<strategy>/deepseek-v3/layer: one layer of
+// DeepSeek-V3 (128 heads; the query side is the 1536-wide q LoRA latent), f16; `model_s` is the
+// 61 identical layers' total.
 // QK uses the column form (C on the key side: K' = c[:, window] + c[:, rest]·C), VO the row
 // form (V' = c[:, window] + c[:, rest]·C), as in the paper; both windows live on the latent.
+// Counters: elapsed seconds per phase (bd::PhaseTimes), summed over layers.
 #include <benchmark/benchmark.h>
 
 #include <bd/bd.hpp>
@@ -10,7 +14,7 @@
 
 namespace {
 
-const std::vector<bd_bench::AttentionLayerFactors>& model() {
+const std::vector<bd_bench::AttentionLayerFactors>& v2_lite() {
   static const auto layers = [] {
     std::vector<bd_bench::AttentionLayerFactors> out;
     for (int l = 0; l < bd_bench::DeepSeekV2Lite::layers; ++l) out.push_back(bd_bench::synthetic_layer(l));
@@ -19,8 +23,14 @@ const std::vector<bd_bench::AttentionLayerFactors>& model() {
   return layers;
 }
 
-void prepare(benchmark::State& state, bd::Basis basis) {
-  const auto& layers = model();
+const std::vector<bd_bench::AttentionLayerFactors>& v3_layer() {
+  static const std::vector<bd_bench::AttentionLayerFactors> layers{bd_bench::synthetic_v3_layer(0)};
+  return layers;
+}
+
+template <typename Scalar>
+void prepare(benchmark::State& state, const std::vector<bd_bench::AttentionLayerFactors>& layers, bd::Basis basis,
+             int model_layers) {
   const bd::Options qk = bd::Options{}.with_side(bd::Side::Col).with_basis(basis);
   const bd::Options vo = bd::Options{}.with_side(bd::Side::Row).with_basis(basis);
   double nmse = 0;
@@ -29,30 +39,57 @@ void prepare(benchmark::State& state, bd::Basis basis) {
     nmse = 0;
     phases = {};
     for (const auto& layer : layers) {
-      const auto q = bd::decompose_shared<Eigen::half>(layer.q, layer.uk, qk);
-      const auto v = bd::decompose_shared<Eigen::half>(layer.uv, layer.o, vo);
+      const auto q = bd::decompose_shared<Scalar>(layer.q, layer.uk, qk);
+      const auto v = bd::decompose_shared<Scalar>(layer.uv, layer.o, vo);
       nmse += (q.mean_nmse() + v.mean_nmse()) / (2.0 * layers.size());
       phases += q.phases();
       phases += v.phases();
       benchmark::DoNotOptimize(q);
     }
   }
-  state.counters["products"] = 2.0 * layers.size() * bd_bench::DeepSeekV2Lite::heads;
-  state.counters["mean_nmse_f16"] = nmse;
-  // Elapsed seconds per phase (bd::PhaseTimes), summed over layers.
+  state.counters["products"] = 2.0 * layers.size() * layers.front().q.size();
+  state.counters[std::string("mean_nmse_") + bd::scalar_traits<Scalar>::name] = nmse;
   state.counters["factor_s"] = phases.factor;
   state.counters["score_s"] = phases.score;
   state.counters["fit_s"] = phases.fit;
   state.counters["round_s"] = phases.round;
   state.counters["error_s"] = phases.error;
+  if (model_layers > 1) state.counters["model_s"] = phases.total() * model_layers / double(layers.size());
 }
 
-}  // namespace
+void register_all() {
+  const std::pair<const char*, bd::Basis> strategies[] = {{"first", bd::Basis::First},
+                                                          {"residual-min", bd::Basis::ResidualMin},
+                                                          {"offset-search", bd::Basis::OffsetSearch},
+                                                          {"pivoted", bd::Basis::Pivoted},
+                                                          {"auto", bd::Basis::Auto}};
+  for (const auto& [name, basis] : strategies) {
+    const bd::Basis b = basis;
+    benchmark::RegisterBenchmark((std::string("prepare/") + name + "/deepseek-v2-lite").c_str(),
+                                 [b](benchmark::State& s) { prepare<Eigen::half>(s, v2_lite(), b, 1); })
+        ->Unit(benchmark::kSecond)
+        ->Iterations(1);
+  }
+  for (const auto& [name, basis] : strategies) {
+    const bd::Basis b = basis;
+    benchmark::RegisterBenchmark((std::string("prepare-f32/") + name + "/deepseek-v2-lite").c_str(),
+                                 [b](benchmark::State& s) { prepare<float>(s, v2_lite(), b, 1); })
+        ->Unit(benchmark::kSecond)
+        ->Iterations(1);
+  }
+  for (const auto& [name, basis] : strategies) {
+    const bd::Basis b = basis;
+    benchmark::RegisterBenchmark((std::string("prepare/") + name + "/deepseek-v3/layer").c_str(),
+                                 [b](benchmark::State& s) {
+                                   prepare<Eigen::half>(s, v3_layer(), b, bd_bench::DeepSeekV3::layers);
+                                 })
+        ->Unit(benchmark::kSecond)
+        ->Iterations(1);
+  }
+}
 
-BENCHMARK_CAPTURE(prepare, first, bd::Basis::First)->Name("prepare/first/deepseek-v2-lite")->Unit(benchmark::kSecond)->Iterations(1);
-BENCHMARK_CAPTURE(prepare, residual_min, bd::Basis::ResidualMin)->Name("prepare/residual-min/deepseek-v2-lite")->Unit(benchmark::kSecond)->Iterations(1);
-BENCHMARK_CAPTURE(prepare, offset_search, bd::Basis::OffsetSearch)->Name("prepare/offset-search/deepseek-v2-lite")->Unit(benchmark::kSecond)->Iterations(1);
-BENCHMARK_CAPTURE(prepare, pivoted, bd::Basis::Pivoted)->Name("prepare/pivoted/deepseek-v2-lite")->Unit(benchmark::kSecond)->Iterations(1);
-BENCHMARK_CAPTURE(prepare, auto, bd::Basis::Auto)->Name("prepare/auto/deepseek-v2-lite")->Unit(benchmark::kSecond)->Iterations(1);
+const int registered = (register_all(), 0);
+
+}  // namespace
 
 BENCHMARK_MAIN();

@@ -25,6 +25,27 @@ inline Eigen::MatrixXf gaussian(Eigen::Index rows, Eigen::Index cols, float scal
   return Eigen::MatrixXf::NullaryExpr(rows, cols, [&]() { return normal(rng); });
 }
 
+/// DeepSeek-V3/R1 (config.json of deepseek-ai/DeepSeek-V3): 61 layers, 128 heads, hidden 7168,
+/// q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, v_head_dim 128. With the query LoRA,
+/// QK per head is W_qb,h (1536×128, from the normalised query latent)·W_uk,hᵀ.
+struct DeepSeekV3 {
+  static constexpr int layers = 61, heads = 128, hidden = 7168, q_lora = 1536, latent = 512, head_dim = 128;
+};
+
+/// One layer of synthetic weights at V3's shapes (q holds W_qb,h: the query side is q_lora wide).
+inline AttentionLayerFactors synthetic_v3_layer(unsigned layer) {
+  using S = DeepSeekV3;
+  std::mt19937_64 rng(5000 + layer);
+  AttentionLayerFactors f;
+  for (int h = 0; h < S::heads; ++h) {
+    f.q.push_back(gaussian(S::q_lora, S::head_dim, 1.0f / std::sqrt(float(S::q_lora)), rng));
+    f.uk.push_back(gaussian(S::latent, S::head_dim, 1.0f / std::sqrt(float(S::latent)), rng));
+    f.uv.push_back(gaussian(S::latent, S::head_dim, 1.0f / std::sqrt(float(S::latent)), rng));
+    f.o.push_back(gaussian(S::hidden, S::head_dim, 1.0f / std::sqrt(float(S::head_dim * S::heads)), rng));
+  }
+  return f;
+}
+
 inline AttentionLayerFactors synthetic_layer(unsigned layer) {
   using S = DeepSeekV2Lite;
   std::mt19937_64 rng(1000 + layer);

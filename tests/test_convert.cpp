@@ -101,6 +101,20 @@ TEST_CASE("GPT-2 qkvo: the written tensors give a forward equal to the dense att
   const auto out = (folder.dir / "bd.safetensors").string();
   const auto report = bd::io::convert_checkpoint(folder.dir.string(), out, options(bd::nn::Mode::QKVO));
   REQUIRE(report.layers.size() == 2);
+  // --report's JSON says where preparation spent its time, per product family and phase, and
+  // the phases cannot add up to more than the layer took.
+  const auto json = report.to_json();
+  for (const auto& layer : json.at("layers")) {
+    double phases = 0;
+    for (const char* family : {"qk", "vo"})
+      for (const char* phase : {"factor", "score", "fit", "round", "error"}) {
+        const double s = layer.at(family).at("phases_s").at(phase).get<double>();
+        CHECK(s >= 0);
+        phases += s;
+      }
+    CHECK(phases > 0);
+    CHECK(phases <= layer.at("seconds").get<double>());
+  }
   const auto st = SafeTensors::open(out);
   CHECK(st.metadata().at("bd.format") == "1");
   CHECK(st.metadata().at("format") == "pt");

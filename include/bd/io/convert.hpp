@@ -43,6 +43,7 @@ struct ProductSummary {
   bool converted = false;
   std::string window;  ///< "rows 56..63" for a shared window, "per-head pivoted" otherwise
   double nmse = 0;     ///< mean over heads
+  bd::PhaseTimes phases;  ///< preparation's time per phase
 };
 
 struct LayerReport {
@@ -74,7 +75,15 @@ struct ConvertReport {
       nlohmann::ordered_json x;
       x["prefix"] = l.prefix;
       for (const auto& [key, p] : {std::pair<const char*, const ProductSummary&>{"qk", l.qk}, {"vo", l.vo}})
-        if (p.converted) x[key] = {{"window", p.window}, {"nmse", p.nmse}};
+        if (p.converted)
+          x[key] = {{"window", p.window},
+                    {"nmse", p.nmse},
+                    {"phases_s",
+                     {{"factor", p.phases.factor},
+                      {"score", p.phases.score},
+                      {"fit", p.phases.fit},
+                      {"round", p.phases.round},
+                      {"error", p.phases.error}}}};
       x["params_before"] = l.params_before;
       x["params_after"] = l.params_after;
       x["seconds"] = l.seconds;
@@ -166,7 +175,7 @@ LayerReport convert_layer(const AttentionLayout& layout, const ConvertOptions& o
     const auto idx = indices_i32(bda.qk_indices());
     out.add_flat<std::int32_t>(P + ".bd_qk.indices", {n_q, static_cast<std::int64_t>(layout.config.head_dim)}, idx.data(), idx.size());
     if (bda.qk_bias().size()) add_vector(P + ".bd_qk.bias", bda.qk_bias());
-    report.qk = {true, window_of(bda.qk_indices()), bda.qk_report().mean_nmse};
+    report.qk = {true, window_of(bda.qk_indices()), bda.qk_report().mean_nmse, bda.qk_report().phases};
   }
   if (nn::has_vo(opts.mode)) {
     add(P + ".bd_vo.coeff", bda.vo_coeff());
@@ -174,7 +183,7 @@ LayerReport convert_layer(const AttentionLayout& layout, const ConvertOptions& o
     const auto idx = indices_i32(bda.vo_indices());
     out.add_flat<std::int32_t>(P + ".bd_vo.indices", {n_q, static_cast<std::int64_t>(layout.config.value_dim())}, idx.data(), idx.size());
     if (bda.vo_bias().size()) add_vector(P + ".bd_vo.bias", bda.vo_bias());
-    report.vo = {true, window_of(bda.vo_indices()), bda.vo_report().mean_nmse};
+    report.vo = {true, window_of(bda.vo_indices()), bda.vo_report().mean_nmse, bda.vo_report().phases};
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -55,6 +55,7 @@ struct ProductReport {
   Index offset = 0;
   double mean_nmse = 0, max_nmse = 0;
   std::string reason;
+  bd::PhaseTimes phases;  ///< where preparing this family's heads spent its time
 };
 
 template <typename S = float>
@@ -177,6 +178,7 @@ private:
     r.mean_nmse = set.mean_nmse();
     for (const auto& h : set.heads()) r.max_nmse = std::max(r.max_nmse, h.report().nmse);
     r.reason = set.reason();
+    r.phases = set.phases();
     return r;
   }
 
