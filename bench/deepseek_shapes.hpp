@@ -32,31 +32,31 @@ struct DeepSeekV3 {
   static constexpr int layers = 61, heads = 128, hidden = 7168, q_lora = 1536, latent = 512, head_dim = 128;
 };
 
-/// One layer of synthetic weights at V3's shapes (q holds W_qb,h: the query side is q_lora wide).
-inline AttentionLayerFactors synthetic_v3_layer(unsigned layer) {
-  using S = DeepSeekV3;
-  std::mt19937_64 rng(5000 + layer);
+/// One layer of synthetic weights: per head q (query side × d_h; the query side is `hidden`
+/// without a query LoRA, `q_lora` with one), uk, uv (latent × d_h) and o (hidden × d_h),
+/// Gaussian with the usual 1/sqrt(fan_in) scale, seeded by `seed` + layer.
+inline AttentionLayerFactors synthetic_layer_of(int heads, int query, int hidden, int latent, int head_dim,
+                                                unsigned seed) {
+  std::mt19937_64 rng(seed);
   AttentionLayerFactors f;
-  for (int h = 0; h < S::heads; ++h) {
-    f.q.push_back(gaussian(S::q_lora, S::head_dim, 1.0f / std::sqrt(float(S::q_lora)), rng));
-    f.uk.push_back(gaussian(S::latent, S::head_dim, 1.0f / std::sqrt(float(S::latent)), rng));
-    f.uv.push_back(gaussian(S::latent, S::head_dim, 1.0f / std::sqrt(float(S::latent)), rng));
-    f.o.push_back(gaussian(S::hidden, S::head_dim, 1.0f / std::sqrt(float(S::head_dim * S::heads)), rng));
+  for (int h = 0; h < heads; ++h) {
+    f.q.push_back(gaussian(query, head_dim, 1.0f / std::sqrt(float(query)), rng));
+    f.uk.push_back(gaussian(latent, head_dim, 1.0f / std::sqrt(float(latent)), rng));
+    f.uv.push_back(gaussian(latent, head_dim, 1.0f / std::sqrt(float(latent)), rng));
+    f.o.push_back(gaussian(hidden, head_dim, 1.0f / std::sqrt(float(head_dim * heads)), rng));
   }
   return f;
 }
 
+/// One layer at V3's shapes (q holds W_qb,h: the query side is q_lora wide).
+inline AttentionLayerFactors synthetic_v3_layer(unsigned layer) {
+  using S = DeepSeekV3;
+  return synthetic_layer_of(S::heads, S::q_lora, S::hidden, S::latent, S::head_dim, 5000 + layer);
+}
+
 inline AttentionLayerFactors synthetic_layer(unsigned layer) {
   using S = DeepSeekV2Lite;
-  std::mt19937_64 rng(1000 + layer);
-  AttentionLayerFactors f;
-  for (int h = 0; h < S::heads; ++h) {
-    f.q.push_back(gaussian(S::hidden, S::head_dim, 1.0f / std::sqrt(float(S::hidden)), rng));
-    f.uk.push_back(gaussian(S::latent, S::head_dim, 1.0f / std::sqrt(float(S::latent)), rng));
-    f.uv.push_back(gaussian(S::latent, S::head_dim, 1.0f / std::sqrt(float(S::latent)), rng));
-    f.o.push_back(gaussian(S::hidden, S::head_dim, 1.0f / std::sqrt(float(S::head_dim * S::heads)), rng));
-  }
-  return f;
+  return synthetic_layer_of(S::heads, S::hidden, S::hidden, S::latent, S::head_dim, 1000 + layer);
 }
 
 }  // namespace bd_bench
