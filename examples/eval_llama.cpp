@@ -7,6 +7,10 @@
 // stored in the chosen type, and prints a table and, as its last line, one JSON object. BD is
 // evaluated even where the cost model advises against it; the verdict is printed. --table
 // runs every dtype × basis for the mode and prints a markdown table instead.
+//
+// MODEL_DIR may also be a checkpoint bd-convert wrote (--arch llama): its BD model is loaded as
+// stored and evaluated against the reference logits, when the folder has reference.safetensors.
+#include <bd/io/bd_checkpoint.hpp>
 #include <bd/io/hf_llama.hpp>
 #include <bd/nn/metrics.hpp>
 
@@ -81,6 +85,43 @@ Result run(const Args& a, const bd::nn::LlamaModel<float>& model, const std::vec
   return evaluate<Eigen::bfloat16>(model, tokens, exact, opts);
 }
 
+std::vector<int> reference_tokens(const std::string& dir, Reference& ref, Eigen::Index vocab) {
+  std::vector<int> tokens;
+  if (std::filesystem::exists(dir + "/reference.safetensors")) {
+    const auto st = bd::io::SafeTensors::open(dir + "/reference.safetensors");
+    ref.tokens = st.values<int>("tokens");
+    ref.logits = st.matrix<float>("logits");
+    ref.present = true;
+    tokens = ref.tokens;
+  } else {
+    for (int i = 0; i < 64; ++i) tokens.push_back(static_cast<int>((i * 7919) % vocab));
+  }
+  return tokens;
+}
+
+/// A BD checkpoint as bd-convert stored it: perplexity, and the logits against the reference.
+template <typename S>
+int evaluate_converted(const std::string& dir) {
+  const auto model = bd::io::load_bd_llama<S>(dir);
+  Reference ref;
+  const std::vector<int> tokens = reference_tokens(dir, ref, model.config.vocab);
+  const Eigen::MatrixXf logits = model.logits(tokens);
+  const auto& c = model.config;
+  std::printf("%s: BD checkpoint (%s), %ld layers, d = %ld, %ld query heads on %ld key/value heads, d_h = %ld\n", dir.c_str(),
+              bd::nn::to_string(model.layers.front().attention.mode()), long(c.layers), long(c.hidden), long(c.heads),
+              long(c.kv_heads), long(c.head_dim));
+  const double ppl = bd::nn::perplexity(logits, tokens);
+  const double err = ref.present ? bd::nn::logit_relative_error(logits, ref.logits) : -1.0;
+  std::printf("%-30s %12s %18s\n%-30s %12.6f %18s\n", "model", "perplexity", "logit rel. error", "BD, as stored", ppl,
+              ref.present ? std::to_string(err).c_str() : "(no reference)");
+  nlohmann::ordered_json out;
+  out["bd_checkpoint"] = true;
+  out["bd_ppl"] = ppl;
+  out["bd_logit_rel_err"] = ref.present ? nlohmann::json(err) : nlohmann::json(nullptr);
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s MODEL_DIR [--mode vo|qk|qkvo] [--dtype f32|f16|bf16]\n"
@@ -113,18 +154,15 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (bd::io::is_bd_checkpoint(a.dir)) {
+      const std::string dtype = bd::io::BDRecord::of(bd::io::ModelFolder::open(a.dir)).dtype;
+      if (dtype == "f16") return evaluate_converted<Eigen::half>(a.dir);
+      if (dtype == "bf16") return evaluate_converted<Eigen::bfloat16>(a.dir);
+      return evaluate_converted<float>(a.dir);
+    }
     const auto model = bd::io::load_llama<float>(a.dir);
     Reference ref;
-    std::vector<int> tokens;
-    if (std::filesystem::exists(a.dir + "/reference.safetensors")) {
-      const auto st = bd::io::SafeTensors::open(a.dir + "/reference.safetensors");
-      ref.tokens = st.values<int>("tokens");
-      ref.logits = st.matrix<float>("logits");
-      ref.present = true;
-      tokens = ref.tokens;
-    } else {
-      for (int i = 0; i < 64; ++i) tokens.push_back(static_cast<int>((i * 7919) % model.config.vocab));
-    }
+    const std::vector<int> tokens = reference_tokens(a.dir, ref, model.config.vocab);
     const Eigen::MatrixXf exact = model.logits(tokens);
     const double reference_diff = ref.present ? double((exact - ref.logits).cwiseAbs().maxCoeff()) : -1.0;
     const auto& c = model.config;

@@ -4,7 +4,9 @@
 // unless forced.
 #include <filesystem>
 
+#include <bd/io/bd_checkpoint.hpp>
 #include <bd/io/convert.hpp>
+#include <bd/io/hf_llama.hpp>
 
 #include "support.hpp"
 
@@ -94,4 +96,30 @@ TEST_CASE("stories260K: QK is refused under RoPE, VO without --force by the cost
   BD_CHECK_THROWS_CONTAINING(bd::io::convert_checkpoint(dir, out, vo), bd::RefusedError,
                              Contains("model.layers.0.self_attn") && Contains("cost model"));
   CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("stories260K converted to a folder loads back with the in-memory BD model's logits", "[convert][real-model][reader]") {
+  const std::string dir = bd_test::require_model("stories260K");
+  const fs::path out = fs::temp_directory_path() / "bd_convert_stories_folder";
+  const std::vector<int> tokens = {1, 40, 7, 301, 12, 5, 88, 140, 3, 9};
+  const auto model = bd::io::load_llama<float>(dir);
+  for (const std::string dtype : {"f32", "f16"}) {
+    fs::remove_all(out);
+    const auto o = llama_vo(dtype);
+    bd::io::convert_checkpoint(dir, out.string(), o);
+    bd::nn::BDAttentionOptions bo;
+    bo.mode = o.mode;
+    bo.decomposition = o.decomposition;
+    bo.force = true;
+    bo.cost_policy = bd::nn::CostPolicy::Warn;
+    // The same stored tensors read back: the same logits, bit for bit.
+    if (dtype == "f32") {
+      const auto read = bd::io::load_bd_llama<float>(out.string());
+      CHECK(read.logits(tokens) == model.with_bd_attention<float>(bo).logits(tokens));
+    } else {
+      const auto read = bd::io::load_bd_llama<Eigen::half>(out.string());
+      CHECK(read.logits(tokens) == model.with_bd_attention<Eigen::half>(bo).logits(tokens));
+    }
+  }
+  fs::remove_all(out);
 }

@@ -2,8 +2,12 @@
 //
 //   bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f32|f16|bf16]
 //              [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]
-//              [--force] [--report FILE.json] INPUT OUTPUT.safetensors
+//              [--force] [--quiet] [--report FILE.json] INPUT OUTPUT
 //   bd-convert --demo [--layers N]
+//
+// INPUT is a Hugging Face model folder (config.json and model.safetensors, or shards with
+// model.safetensors.index.json). OUTPUT ending in .safetensors is one file; otherwise a new
+// folder mirroring INPUT. Progress goes to stderr, one line per layer; the table to stdout.
 //
 // Exit codes: 0 success, 1 bad input or a refused conversion, 2 usage errors.
 #include <bd/io/convert.hpp>
@@ -23,20 +27,25 @@ namespace {
 constexpr const char* kUsage =
     "usage: bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f32|f16|bf16]\n"
     "                  [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]\n"
-    "                  [--force] [--report FILE.json] INPUT OUTPUT.safetensors\n"
+    "                  [--force] [--quiet] [--report FILE.json] INPUT OUTPUT\n"
     "       bd-convert --demo [--layers N]\n"
-    "INPUT is a folder with config.json and model.safetensors.\n";
+    "INPUT is a model folder: config.json and model.safetensors, or shards listed by\n"
+    "model.safetensors.index.json. OUTPUT ending in .safetensors is one file; otherwise a new\n"
+    "folder with the same shards, a new index and config.json (with a \"bd\" record).\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-void progress_bar(std::size_t done, std::size_t total) {
-  if (total < 4 || !isatty(STDERR_FILENO)) return;
-  const int width = 30, filled = int(width * done / total);
-  std::fprintf(stderr, "\r[%s%s] %zu/%zu layers", std::string(std::size_t(filled), '=').c_str(),
-               std::string(std::size_t(width - filled), ' ').c_str(), done, total);
-  if (done == total) std::fprintf(stderr, "\n");
+double megabytes(std::uint64_t bytes) { return double(bytes) / 1e6; }
+
+void progress_line(const bd::io::ConvertProgress& p) {
+  if (p.kind == bd::io::ConvertProgress::Kind::Copied)
+    std::fprintf(stderr, "bd-convert: copied %s unchanged: %.1f MB in %.2f s\n", p.what.c_str(), megabytes(p.bytes_written),
+                 p.seconds);
+  else
+    std::fprintf(stderr, "bd-convert: [%zu/%zu] %s: %.2f s, read %.1f MB, wrote %.1f MB\n", p.layer, p.layers, p.what.c_str(),
+                 p.seconds, megabytes(p.bytes_read), megabytes(p.bytes_written));
 }
 
 std::string fmt_nmse(const bd::io::ProductSummary& p) {
@@ -123,7 +132,7 @@ int demo(int layers) {
 int main(int argc, char** argv) {
   bd::io::ConvertOptions opts;
   std::string input, output, report_path;
-  bool have_arch = false, have_mode = false, run_demo = false;
+  bool have_arch = false, have_mode = false, run_demo = false, quiet = false;
   int demo_layers = bd_bench::DeepSeekV2Lite::layers;
   try {
     for (int i = 1; i < argc; ++i) {
@@ -143,6 +152,7 @@ int main(int argc, char** argv) {
         if (v.empty() || *end || n <= 0) throw UsageError("--align needs a positive integer, got '" + v + "'");
         opts.decomposition.align = n;
       } else if (a == "--force") opts.force = true;
+      else if (a == "--quiet") quiet = true;
       else if (a == "--report") report_path = value();
       else if (a == "--demo") run_demo = true;
       else if (a == "--layers") demo_layers = std::atoi(value().c_str());
@@ -158,7 +168,7 @@ int main(int argc, char** argv) {
       if (demo_layers < 1 || demo_layers > bd_bench::DeepSeekV2Lite::layers) throw UsageError("--layers must be 1..27");
     } else {
       if (!have_arch || !have_mode) throw UsageError("--arch and --mode are required");
-      if (input.empty() || output.empty()) throw UsageError("INPUT and OUTPUT.safetensors are required");
+      if (input.empty() || output.empty()) throw UsageError("INPUT and OUTPUT are required");
       if (opts.dtype != "f32" && opts.dtype != "f16" && opts.dtype != "bf16")
         throw UsageError("--dtype must be f32, f16 or bf16, got '" + opts.dtype + "'");
     }
@@ -172,14 +182,13 @@ int main(int argc, char** argv) {
 
   try {
     if (run_demo) return demo(demo_layers);
-    const auto report = bd::io::convert_checkpoint(input, output, opts, progress_bar);
+    const auto report = bd::io::convert_checkpoint(input, output, opts, quiet ? nullptr : progress_line);
     print_table(report);
-    std::printf("wrote %s (%lld tensors; %lld in the input)\n", output.c_str(), (long long)report.tensors_out,
-                (long long)report.tensors_in);
-    if (!report_path.empty()) {
-      const std::string json = report.to_json().dump(2) + "\n";
-      bd::io::Writer::write_atomically(report_path, std::vector<unsigned char>(json.begin(), json.end()));
-    }
+    std::printf("wrote %s (%lld tensors in %zu file%s; %lld in %zu in the input)\n", output.c_str(), (long long)report.tensors_out,
+                report.files_out, report.files_out == 1 ? "" : "s", (long long)report.tensors_in, report.files_in);
+    std::printf("%.1f s: read %.1f MB, wrote %.1f MB (%.0f MB/s)\n", report.seconds, megabytes(report.bytes_in),
+                megabytes(report.bytes_out), megabytes(report.bytes_in + report.bytes_out) / std::max(report.seconds, 1e-9));
+    if (!report_path.empty()) report.write_json(report_path);
   } catch (const bd::RefusedError& e) {
     std::fprintf(stderr, "bd-convert: %s\nbd-convert: nothing was written; --force converts it anyway\n", e.what());
     return 1;

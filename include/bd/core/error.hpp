@@ -31,6 +31,9 @@ class SingularBasisError : public Error { using Error::Error; };
 class RefusedError : public Error { using Error::Error; };
 /// A file is malformed, truncated or hostile.
 class FormatError : public Error { using Error::Error; };
+/// A file or folder cannot be opened, read, written or renamed (a missing path, permissions, a
+/// full disk): the operating system's reason is in the message.
+class IoError : public Error { using Error::Error; };
 
 namespace detail {
 

@@ -15,6 +15,8 @@
 //                projection, qk), P.kv_b_proj_v.weight (qk only), P.kv_b_proj_k.weight (vo only)
 #pragma once
 
+#include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,9 +25,9 @@
 #include <nlohmann/json.hpp>
 
 #include "bd/core/error.hpp"
-#include "bd/io/hf_llama.hpp"
-#include "bd/io/safetensors.hpp"
+#include "bd/io/model_folder.hpp"
 #include "bd/nn/attention_config.hpp"
+#include "bd/nn/llama.hpp"
 
 namespace bd::io {
 
@@ -55,16 +57,38 @@ struct KeptPart {
   std::vector<Eigen::Index> indices;
 };
 
-/// One attention layer as the checkpoint stores it, and what converting it touches.
+/// One attention layer as the checkpoint stores it, and what converting it touches. Built from
+/// config.json and the tensor headers alone (every shape and dtype checked); `load` reads the
+/// weights, so a converter holds one layer's weights at a time.
 struct AttentionLayout {
   std::string prefix;  ///< P
   nn::AttentionConfig config;
-  nn::AttentionWeights<double> weights;  ///< only what the QK and VO products need
   std::vector<std::string> qk_sources, vo_sources;  ///< tensors consumed by QK, by VO (may overlap)
   std::vector<KeptPart> keep_without_vo;            ///< kept when QK is converted and VO is not
   std::vector<KeptPart> keep_without_qk;            ///< kept when VO is converted and QK is not
   std::vector<KeptPart> keep_with_qk;               ///< kept whenever QK is converted
+  Eigen::Index d_q = 0, d_kv = 0, d_out = 0;        ///< widths of the query input, key/value input, output
+  bool query_bias = false, value_or_output_bias = false;
+  /// The weights the QK and VO products need (x·W orientation, double); reads the folder.
+  std::function<nn::AttentionWeights<double>()> load;
 };
+
+inline nn::LlamaConfig llama_config(const nlohmann::json& j, const std::string& where) {
+  nn::LlamaConfig c;
+  c.hidden = config_int(j, {"hidden_size"}, where);
+  c.intermediate = config_int(j, {"intermediate_size"}, where);
+  c.layers = config_int(j, {"num_hidden_layers"}, where);
+  c.heads = config_int(j, {"num_attention_heads"}, where);
+  c.kv_heads = config_int_or(j, "num_key_value_heads", c.heads, where);
+  c.vocab = config_int(j, {"vocab_size"}, where);
+  c.head_dim = config_int_or(j, "head_dim", c.hidden / c.heads, where);
+  c.rms_eps = j.value("rms_norm_eps", 1e-5);
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  if (c.heads % c.kv_heads)
+    throw FormatError(bd::detail::message(where, ": num_attention_heads ", c.heads, " is not a multiple of num_key_value_heads ",
+                                          c.kv_heads));
+  return c;
+}
 
 namespace detail {
 
@@ -76,43 +100,69 @@ inline std::vector<Eigen::Index> range(Eigen::Index begin, Eigen::Index end) {
   return out;
 }
 
-inline Eigen::Index config_int(const nlohmann::json& j, std::initializer_list<const char*> keys, const std::string& where) {
-  for (const char* k : keys)
-    if (j.contains(k) && j.at(k).is_number_integer() && j.at(k).get<long long>() > 0) return j.at(k).get<Eigen::Index>();
-  throw FormatError(message(where, ": config lacks a positive integer '", *keys.begin(), "'"));
-}
-
 /// Finds the prefix before `suffix` among the tensor names ("transformer." in "transformer.h.0…").
-inline std::string find_prefix(const SafeTensors& st, const std::string& suffix, const std::string& what) {
-  for (const auto& t : st.tensors()) {
+inline std::string find_prefix(const ModelFolder& m, const std::string& suffix, const std::string& what) {
+  for (const auto& shard : m.shards())
+  for (const auto& t : shard.tensors.tensors()) {
     if (t.name.size() >= suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
       return t.name.substr(0, t.name.size() - suffix.size());
   }
-  throw FormatError(message(st.source(), ": no tensor ending in '", suffix, "': not a ", what, " checkpoint"));
+  throw FormatError(message(m.dir(), ": no tensor ending in '", suffix, "': not a ", what, " checkpoint"));
 }
 
-/// A stored tensor as a double matrix with an expected shape.
-inline Eigen::MatrixXd tensor(const SafeTensors& st, const std::string& name, Eigen::Index rows, Eigen::Index cols) {
-  const TensorInfo& t = st.info(name);
-  const auto [r, c] = t.matrix_shape();
-  if (r != rows || c != cols)
-    throw FormatError(message(st.source(), ": tensor '", name, "' is ", r, "x", c, ", expected ", rows, "x", cols,
-                              " from config.json"));
-  Eigen::MatrixXd m = st.matrix<double>(name);
-  bd::detail::require_finite(m, name);
-  return m;
+/// Whether a tensor exists and, if it does, that it is a weight of the given shape.
+inline bool optional_weight(const ModelFolder& m, const std::string& name, Eigen::Index rows, Eigen::Index cols) {
+  if (!m.contains(name)) return false;
+  m.require_weight(name, rows, cols);
+  return true;
 }
 
-inline std::optional<Eigen::VectorXd> optional_bias(const SafeTensors& st, const std::string& name, Eigen::Index n) {
-  if (!st.contains(name)) return std::nullopt;
-  return Eigen::VectorXd(tensor(st, name, n, 1));
+inline Eigen::VectorXd vector(const ModelFolder& m, const std::string& name, Eigen::Index n) { return m.matrix(name, n, 1); }
+
+/// What stays dense in a converted GPT-2 layer: the kept slice of c_attn and, under QK, c_proj.
+inline void gpt2_converted(const ModelFolder& m, AttentionLayout& a, nn::Mode mode, Eigen::Index d) {
+  const std::string proj = a.prefix + ".c_proj";
+  if (mode == nn::Mode::QKVO) {
+    a.load = [] { return nn::AttentionWeights<double>{}; };
+    return;
+  }
+  const bool qk = nn::has_qk(mode);  // QK converted: V and the output stay
+  const std::string kept = a.prefix + (qk ? ".c_attn_v" : ".c_attn_qk");
+  const Eigen::Index width = qk ? d : 2 * d;
+  m.require_weight(kept + ".weight", d, width);
+  const bool bias = optional_weight(m, kept + ".bias", width, 1);
+  const bool proj_bias = qk && optional_weight(m, proj + ".bias", d, 1);
+  if (qk) m.require_weight(proj + ".weight", d, d);
+  a.load = [&m, kept, proj, d, qk, bias, proj_bias] {
+    nn::AttentionWeights<double> w;
+    const Eigen::MatrixXd W = m.matrix(kept + ".weight", d, qk ? d : 2 * d);
+    const Eigen::VectorXd b = bias ? vector(m, kept + ".bias", qk ? d : 2 * d) : Eigen::VectorXd();
+    if (qk) {
+      w.Wv = W;
+      w.Wo = m.matrix(proj + ".weight", d, d);
+      if (bias) w.bv = b;
+      if (proj_bias) w.bo = vector(m, proj + ".bias", d);
+    } else {
+      w.Wq = W.leftCols(d);
+      w.Wk = W.rightCols(d);
+      if (bias) {
+        w.bq = b.head(d);
+        w.bk = b.tail(d);
+      }
+    }
+    return w;
+  };
 }
 
-inline std::vector<AttentionLayout> gpt2_layers(const nlohmann::json& j, const SafeTensors& st, const std::string& where) {
+inline std::vector<AttentionLayout> gpt2_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
+  const nlohmann::json& j = m.config();
+  const std::string& where = m.config_path();
   const Eigen::Index d = config_int(j, {"n_embd", "hidden_size"}, where);
   const Eigen::Index heads = config_int(j, {"n_head", "num_attention_heads"}, where);
   const Eigen::Index layers = config_int(j, {"n_layer", "num_hidden_layers"}, where);
-  const std::string pre = find_prefix(st, "h.0.attn.c_attn.weight", "gpt2");
+  const std::string pre = find_prefix(m, converted ? std::string("h.0.attn.") + (nn::has_qk(*converted) ? "bd_qk" : "bd_vo") + ".coeff"
+                                                  : std::string("h.0.attn.c_attn.weight"),
+                                      "gpt2");
   std::vector<AttentionLayout> out;
   for (Eigen::Index l = 0; l < layers; ++l) {
     AttentionLayout a;
@@ -121,25 +171,41 @@ inline std::vector<AttentionLayout> gpt2_layers(const nlohmann::json& j, const S
     a.config.n_q = a.config.n_kv = heads;
     a.config.head_dim = d / heads;
     a.config.causal = true;
-    const Eigen::MatrixXd W = tensor(st, attn + ".weight", d, 3 * d);  // Conv1D: [in, out]
-    a.weights.Wq = W.leftCols(d);
-    a.weights.Wk = W.middleCols(d, d);
-    a.weights.Wv = W.rightCols(d);
-    if (auto b = optional_bias(st, attn + ".bias", 3 * d)) {
-      a.weights.bq = b->head(d);
-      a.weights.bk = b->segment(d, d);
-      a.weights.bv = b->tail(d);
+    a.d_q = a.d_kv = a.d_out = d;
+    if (converted) {
+      gpt2_converted(m, a, *converted, d);
+      out.push_back(std::move(a));
+      continue;
     }
-    a.weights.Wo = tensor(st, proj + ".weight", d, d);
-    if (auto b = optional_bias(st, proj + ".bias", d)) a.weights.bo = *b;
-    const bool bias = st.contains(attn + ".bias");
+    m.require_weight(attn + ".weight", d, 3 * d);  // Conv1D: [in, out]
+    m.require_weight(proj + ".weight", d, d);
+    const bool bias = optional_weight(m, attn + ".bias", 3 * d, 1);
+    const bool proj_bias = optional_weight(m, proj + ".bias", d, 1);
+    a.query_bias = bias;
+    a.value_or_output_bias = bias || proj_bias;
+    a.load = [&m, attn, proj, d, bias, proj_bias] {
+      nn::AttentionWeights<double> w;
+      const Eigen::MatrixXd W = m.matrix(attn + ".weight", d, 3 * d);
+      w.Wq = W.leftCols(d);
+      w.Wk = W.middleCols(d, d);
+      w.Wv = W.rightCols(d);
+      if (bias) {
+        const Eigen::VectorXd b = vector(m, attn + ".bias", 3 * d);
+        w.bq = b.head(d);
+        w.bk = b.segment(d, d);
+        w.bv = b.tail(d);
+      }
+      w.Wo = m.matrix(proj + ".weight", d, d);
+      if (proj_bias) w.bo = vector(m, proj + ".bias", d);
+      return w;
+    };
     a.qk_sources = {attn + ".weight"};
     a.vo_sources = {attn + ".weight", proj + ".weight"};
     if (bias) {
       a.qk_sources.push_back(attn + ".bias");
       a.vo_sources.push_back(attn + ".bias");
     }
-    if (st.contains(proj + ".bias")) a.vo_sources.push_back(proj + ".bias");
+    if (proj_bias) a.vo_sources.push_back(proj + ".bias");
     a.keep_without_vo.push_back({a.prefix + ".c_attn_v.weight", attn + ".weight", 1, range(2 * d, 3 * d)});
     a.keep_without_qk.push_back({a.prefix + ".c_attn_qk.weight", attn + ".weight", 1, range(0, 2 * d)});
     if (bias) {
@@ -151,71 +217,98 @@ inline std::vector<AttentionLayout> gpt2_layers(const nlohmann::json& j, const S
   return out;
 }
 
-inline std::vector<AttentionLayout> bert_layers(const nlohmann::json& j, const SafeTensors& st, const std::string& where) {
+/// Layers whose four projections are separate nn.Linear tensors [out, in] with optional biases.
+/// `converted`: the layout of a BD checkpoint converted in that mode, whose `load` reads what
+/// stayed dense (the products' own tensors are gone).
+inline AttentionLayout linear_layout(const ModelFolder& m, std::string prefix, nn::AttentionConfig config,
+                                     const std::string& q, const std::string& k, const std::string& v, const std::string& o,
+                                     Eigen::Index d, std::optional<nn::Mode> converted) {
+  AttentionLayout a;
+  a.prefix = std::move(prefix);
+  a.config = config;
+  const Eigen::Index dq = config.n_q * config.head_dim, dkv = config.n_kv * config.head_dim;
+  a.d_q = a.d_kv = a.d_out = d;
+  struct Part {
+    std::string name;
+    Eigen::Index out;
+  };
+  const Part parts[] = {{q, dq}, {k, dkv}, {v, dkv}, {o, d}};
+  const bool qk_gone = converted && nn::has_qk(*converted), vo_gone = converted && nn::has_vo(*converted);
+  bool bias[4] = {false, false, false, false}, present[4];
+  for (int i = 0; i < 4; ++i) {
+    present[i] = !(i < 2 ? qk_gone : vo_gone);
+    if (!present[i]) continue;
+    m.require_weight(parts[i].name + ".weight", parts[i].out, i == 3 ? dq : d);
+    bias[i] = optional_weight(m, parts[i].name + ".bias", parts[i].out, 1);
+    auto& sources = i < 2 ? a.qk_sources : a.vo_sources;
+    sources.push_back(parts[i].name + ".weight");
+    if (bias[i]) sources.push_back(parts[i].name + ".bias");
+  }
+  a.query_bias = bias[0];
+  a.value_or_output_bias = bias[2] || bias[3];
+  a.load = [&m, q, k, v, o, d, dq, dkv, b = std::vector<bool>(bias, bias + 4), qk = present[0], vo = present[2]] {
+    nn::AttentionWeights<double> w;
+    if (qk) {
+      w.Wq = m.matrix(q + ".weight", dq, d).transpose();
+      w.Wk = m.matrix(k + ".weight", dkv, d).transpose();
+    }
+    if (vo) {
+      w.Wv = m.matrix(v + ".weight", dkv, d).transpose();
+      w.Wo = m.matrix(o + ".weight", d, dq).transpose();
+    }
+    if (b[0]) w.bq = vector(m, q + ".bias", dq);
+    if (b[1]) w.bk = vector(m, k + ".bias", dkv);
+    if (b[2]) w.bv = vector(m, v + ".bias", dkv);
+    if (b[3]) w.bo = vector(m, o + ".bias", d);
+    return w;
+  };
+  return a;
+}
+
+inline std::vector<AttentionLayout> bert_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
+  const nlohmann::json& j = m.config();
+  const std::string& where = m.config_path();
   const Eigen::Index d = config_int(j, {"hidden_size"}, where);
   const Eigen::Index heads = config_int(j, {"num_attention_heads"}, where);
   const Eigen::Index layers = config_int(j, {"num_hidden_layers"}, where);
-  const std::string pre = find_prefix(st, "encoder.layer.0.attention.self.query.weight", "bert");
+  const std::string pre =
+      find_prefix(m, converted && nn::has_qk(*converted) ? "encoder.layer.0.attention.bd_qk.coeff" : "encoder.layer.0.attention.self.query.weight",
+                  "bert");
   std::vector<AttentionLayout> out;
   for (Eigen::Index l = 0; l < layers; ++l) {
-    AttentionLayout a;
-    a.prefix = message(pre, "encoder.layer.", l, ".attention");
-    const std::string q = a.prefix + ".self.query", k = a.prefix + ".self.key", v = a.prefix + ".self.value",
-                      o = a.prefix + ".output.dense";
-    a.config.n_q = a.config.n_kv = heads;
-    a.config.head_dim = d / heads;
-    a.weights.Wq = tensor(st, q + ".weight", d, d).transpose();  // nn.Linear: [out, in]
-    a.weights.Wk = tensor(st, k + ".weight", d, d).transpose();
-    a.weights.Wv = tensor(st, v + ".weight", d, d).transpose();
-    a.weights.Wo = tensor(st, o + ".weight", d, d).transpose();
-    if (auto b = optional_bias(st, q + ".bias", d)) a.weights.bq = *b;
-    if (auto b = optional_bias(st, k + ".bias", d)) a.weights.bk = *b;
-    if (auto b = optional_bias(st, v + ".bias", d)) a.weights.bv = *b;
-    if (auto b = optional_bias(st, o + ".bias", d)) a.weights.bo = *b;
-    for (const std::string& n : {q, k})
-      for (const char* s : {".weight", ".bias"})
-        if (st.contains(n + s)) a.qk_sources.push_back(n + s);
-    for (const std::string& n : {v, o})
-      for (const char* s : {".weight", ".bias"})
-        if (st.contains(n + s)) a.vo_sources.push_back(n + s);
-    out.push_back(std::move(a));
+    const std::string p = message(pre, "encoder.layer.", l, ".attention");
+    nn::AttentionConfig c;
+    c.n_q = c.n_kv = heads;
+    c.head_dim = d / heads;
+    out.push_back(
+        linear_layout(m, p, c, p + ".self.query", p + ".self.key", p + ".self.value", p + ".output.dense", d, converted));
   }
   return out;
 }
 
-inline std::vector<AttentionLayout> llama_layers(const nlohmann::json& j, const SafeTensors& st, const std::string& where) {
-  const nn::LlamaConfig c = llama_config(j, where);
+inline std::vector<AttentionLayout> llama_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
+  const nn::LlamaConfig c = llama_config(m.config(), m.config_path());
   std::vector<AttentionLayout> out;
   for (Eigen::Index l = 0; l < c.layers; ++l) {
-    AttentionLayout a;
-    a.prefix = message("model.layers.", l, ".self_attn");
-    const std::string p = a.prefix + ".";
-    a.config.n_q = c.heads;
-    a.config.n_kv = c.kv_heads;
-    a.config.head_dim = c.head_dim;
-    a.config.causal = true;
-    a.config.rope_theta = c.rope_theta;
-    const Eigen::Index d = c.hidden, dq = c.heads * c.head_dim, dkv = c.kv_heads * c.head_dim;
-    a.weights.Wq = tensor(st, p + "q_proj.weight", dq, d).transpose();
-    a.weights.Wk = tensor(st, p + "k_proj.weight", dkv, d).transpose();
-    a.weights.Wv = tensor(st, p + "v_proj.weight", dkv, d).transpose();
-    a.weights.Wo = tensor(st, p + "o_proj.weight", d, dq).transpose();
-    if (auto b = optional_bias(st, p + "q_proj.bias", dq)) a.weights.bq = *b;
-    if (auto b = optional_bias(st, p + "k_proj.bias", dkv)) a.weights.bk = *b;
-    if (auto b = optional_bias(st, p + "v_proj.bias", dkv)) a.weights.bv = *b;
-    if (auto b = optional_bias(st, p + "o_proj.bias", d)) a.weights.bo = *b;
-    for (const char* n : {"q_proj", "k_proj"})
-      for (const char* s : {".weight", ".bias"})
-        if (st.contains(p + n + s)) a.qk_sources.push_back(p + n + s);
-    for (const char* n : {"v_proj", "o_proj"})
-      for (const char* s : {".weight", ".bias"})
-        if (st.contains(p + n + s)) a.vo_sources.push_back(p + n + s);
-    out.push_back(std::move(a));
+    const std::string p = message("model.layers.", l, ".self_attn");
+    nn::AttentionConfig ac;
+    ac.n_q = c.heads;
+    ac.n_kv = c.kv_heads;
+    ac.head_dim = c.head_dim;
+    ac.causal = true;
+    ac.rope_theta = c.rope_theta;
+    out.push_back(linear_layout(m, p, ac, p + ".q_proj", p + ".k_proj", p + ".v_proj", p + ".o_proj", c.hidden, converted));
   }
   return out;
 }
 
-inline std::vector<AttentionLayout> deepseek_layers(const nlohmann::json& j, const SafeTensors& st, const std::string& where) {
+inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
+  if (converted)
+    throw RangeError(message(m.dir(), ": reading a DeepSeek-V2 BD checkpoint back into bd::nn needs the MLA operator with "
+                                      "query LoRA and the latent cache, which bd::nn does not have yet; the products can be "
+                                      "rebuilt by the documented rule"));
+  const nlohmann::json& j = m.config();
+  const std::string& where = m.config_path();
   const Eigen::Index d = config_int(j, {"hidden_size"}, where);
   const Eigen::Index heads = config_int(j, {"num_attention_heads"}, where);
   const Eigen::Index layers = config_int(j, {"num_hidden_layers"}, where);
@@ -223,8 +316,15 @@ inline std::vector<AttentionLayout> deepseek_layers(const nlohmann::json& j, con
   const Eigen::Index nope = config_int(j, {"qk_nope_head_dim"}, where);
   const Eigen::Index rope = config_int(j, {"qk_rope_head_dim"}, where);
   const Eigen::Index dv = config_int(j, {"v_head_dim"}, where);
-  const bool q_lora = j.contains("q_lora_rank") && j.at("q_lora_rank").is_number_integer();
+  const bool q_lora = j.contains("q_lora_rank") && !j.at("q_lora_rank").is_null();
   const Eigen::Index d_q = q_lora ? config_int(j, {"q_lora_rank"}, where) : d;
+  std::vector<Eigen::Index> q_nope_rows, q_rope_rows, k_rows, v_rows;
+  for (Eigen::Index h = 0; h < heads; ++h) {
+    for (Eigen::Index i = 0; i < nope; ++i) q_nope_rows.push_back(h * (nope + rope) + i);
+    for (Eigen::Index i = 0; i < rope; ++i) q_rope_rows.push_back(h * (nope + rope) + nope + i);
+    for (Eigen::Index i = 0; i < nope; ++i) k_rows.push_back(h * (nope + dv) + i);
+    for (Eigen::Index i = 0; i < dv; ++i) v_rows.push_back(h * (nope + dv) + nope + i);
+  }
   std::vector<AttentionLayout> out;
   for (Eigen::Index l = 0; l < layers; ++l) {
     AttentionLayout a;
@@ -235,26 +335,28 @@ inline std::vector<AttentionLayout> deepseek_layers(const nlohmann::json& j, con
     a.config.v_head_dim = dv;
     a.config.causal = true;
     a.config.scale = 1.0 / std::sqrt(double(nope + rope));
-    const std::string q_name = p + (q_lora ? "q_b_proj.weight" : "q_proj.weight");
-    const Eigen::MatrixXd q = tensor(st, q_name, heads * (nope + rope), d_q);        // [out, in]
-    const Eigen::MatrixXd kv_b = tensor(st, p + "kv_b_proj.weight", heads * (nope + dv), kv_lora);
-    const Eigen::MatrixXd o = tensor(st, p + "o_proj.weight", d, heads * dv);
-    std::vector<Eigen::Index> q_nope_rows, q_rope_rows, k_rows, v_rows;
-    for (Eigen::Index h = 0; h < heads; ++h) {
-      for (Eigen::Index i = 0; i < nope; ++i) q_nope_rows.push_back(h * (nope + rope) + i);
-      for (Eigen::Index i = 0; i < rope; ++i) q_rope_rows.push_back(h * (nope + rope) + nope + i);
-      for (Eigen::Index i = 0; i < nope; ++i) k_rows.push_back(h * (nope + dv) + i);
-      for (Eigen::Index i = 0; i < dv; ++i) v_rows.push_back(h * (nope + dv) + nope + i);
-    }
-    a.weights.Wq = q(q_nope_rows, Eigen::all).transpose();   // d_q × n·nope
-    a.weights.Wk = kv_b(k_rows, Eigen::all).transpose();     // kv_lora × n·nope (W_uk)
-    a.weights.Wv = kv_b(v_rows, Eigen::all).transpose();     // kv_lora × n·dv (W_uv)
-    a.weights.Wo = o.transpose();                            // n·dv × d
-    a.qk_sources = {q_name, p + "kv_b_proj.weight"};
-    a.vo_sources = {p + "kv_b_proj.weight", p + "o_proj.weight"};
+    a.d_q = d_q;
+    a.d_kv = kv_lora;
+    a.d_out = d;
+    const std::string q_name = p + (q_lora ? "q_b_proj.weight" : "q_proj.weight"), kv_b = p + "kv_b_proj.weight",
+                      o = p + "o_proj.weight";
+    m.require_weight(q_name, heads * (nope + rope), d_q);  // [out, in]
+    m.require_weight(kv_b, heads * (nope + dv), kv_lora);
+    m.require_weight(o, d, heads * dv);
+    a.load = [&m, q_name, kv_b, o, heads, nope, rope, dv, d, d_q, kv_lora, q_nope_rows, k_rows, v_rows] {
+      nn::AttentionWeights<double> w;
+      w.Wq = m.matrix(q_name, heads * (nope + rope), d_q)(q_nope_rows, Eigen::all).transpose();  // d_q × n·nope
+      const Eigen::MatrixXd kv = m.matrix(kv_b, heads * (nope + dv), kv_lora);
+      w.Wk = kv(k_rows, Eigen::all).transpose();  // kv_lora × n·nope (W_uk)
+      w.Wv = kv(v_rows, Eigen::all).transpose();  // kv_lora × n·dv (W_uv)
+      w.Wo = m.matrix(o, d, heads * dv).transpose();  // n·dv × d
+      return w;
+    };
+    a.qk_sources = {q_name, kv_b};
+    a.vo_sources = {kv_b, o};
     a.keep_with_qk.push_back({p + (q_lora ? "q_b_rope_proj.weight" : "q_rope_proj.weight"), q_name, 0, q_rope_rows});
-    a.keep_without_vo.push_back({p + "kv_b_proj_v.weight", p + "kv_b_proj.weight", 0, v_rows});
-    a.keep_without_qk.push_back({p + "kv_b_proj_k.weight", p + "kv_b_proj.weight", 0, k_rows});
+    a.keep_without_vo.push_back({p + "kv_b_proj_v.weight", kv_b, 0, v_rows});
+    a.keep_without_qk.push_back({p + "kv_b_proj_k.weight", kv_b, 0, k_rows});
     out.push_back(std::move(a));
   }
   return out;
@@ -262,14 +364,16 @@ inline std::vector<AttentionLayout> deepseek_layers(const nlohmann::json& j, con
 
 }  // namespace detail
 
-/// Reads every attention layer of a checkpoint of the given architecture.
-inline std::vector<AttentionLayout> attention_layers(Arch arch, const nlohmann::json& config, const SafeTensors& st,
-                                                     const std::string& where) {
+/// Every attention layer of a checkpoint of the given architecture (headers only; see `load`).
+/// With `converted`, the layers of a BD checkpoint converted in that mode, whose `load` gives
+/// what stayed dense. The layouts refer to `folder`, which must outlive them.
+inline std::vector<AttentionLayout> attention_layers(Arch arch, const ModelFolder& folder,
+                                                     std::optional<nn::Mode> converted = std::nullopt) {
   switch (arch) {
-    case Arch::GPT2: return detail::gpt2_layers(config, st, where);
-    case Arch::BERT: return detail::bert_layers(config, st, where);
-    case Arch::LLaMA: return detail::llama_layers(config, st, where);
-    case Arch::DeepSeekV2: return detail::deepseek_layers(config, st, where);
+    case Arch::GPT2: return detail::gpt2_layers(folder, converted);
+    case Arch::BERT: return detail::bert_layers(folder, converted);
+    case Arch::LLaMA: return detail::llama_layers(folder, converted);
+    case Arch::DeepSeekV2: return detail::deepseek_layers(folder, converted);
   }
   return {};
 }

@@ -11,21 +11,40 @@
 //   P.bd_vo.bias     [d_out]                    when the model has an output or value bias
 //   K'_h = X[:, indices[h]] + X[:, other channels, ascending]·coeff[:, h·d_h:(h+1)·d_h]  (V' alike)
 //   Q' = X·bd_qk.basis + bd_qk.bias;  y = [O'_1 … O'_n]·bd_vo.basis + bd_vo.bias;  softmax scale unchanged.
-// Tensors these replace are removed; every other tensor is copied unchanged.
+// Tensors these replace are removed; every other tensor is copied unchanged. A kept part of an
+// FP8 tensor (the RoPE rows of a quantized query projection) is written dequantized, in the
+// BD tensors' dtype; the block scales of consumed tensors go with them.
+//
+// Streaming: the plan (every output tensor's name, dtype and shape) comes from config.json and
+// the input headers, so each output file's header is written first and its data after, in
+// order: unconverted tensors copied from the input file by the kernel (copy_file_range), never
+// through the heap; then one layer at a time read (memory-mapped), prepared, written and
+// released. Peak memory is one layer's working set (its weights in double, the preparation's
+// workspace, its BD tensors) plus the headers, whatever the model's size.
+//
+// Output: OUTPUT ending in .safetensors is one file (every input shard's tensors in it);
+// otherwise a folder mirroring the input: the same shard files, each holding its layers' BD
+// tensors (a layer goes to the shard of its first consumed tensor), a new
+// model.safetensors.index.json, config.json with a "bd" record, and the folder's other files
+// copied. Both are atomic: a temporary file or folder beside OUTPUT, renamed at the end, and
+// removed when anything fails. An existing folder is never overwritten.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "bd/core/scalar.hpp"
 #include "bd/io/checkpoint.hpp"
+#include "bd/io/model_folder.hpp"
 #include "bd/io/safetensors.hpp"
 #include "bd/nn/bd_attention.hpp"
 
@@ -50,14 +69,27 @@ struct LayerReport {
   std::string prefix;
   ProductSummary qk, vo;
   std::int64_t params_before = 0, params_after = 0;
-  double seconds = 0;
+  double seconds = 0;                                 ///< read, prepare and write this layer
+  std::uint64_t bytes_read = 0, bytes_written = 0;   ///< its consumed tensors, its BD tensors and kept parts
   std::vector<std::string> warnings;
+};
+
+/// What bd-convert reports as it goes: a layer done, or an input file's unconverted tensors copied.
+struct ConvertProgress {
+  enum class Kind { Copied, Layer } kind = Kind::Layer;
+  std::string what;                ///< the layer prefix, or the input file copied from
+  std::size_t layer = 0, layers = 0;  ///< layers done so far, of all
+  double seconds = 0;              ///< this step
+  std::uint64_t bytes_read = 0, bytes_written = 0;  ///< this step
 };
 
 struct ConvertReport {
   ConvertOptions options;
   std::vector<LayerReport> layers;
   std::int64_t tensors_in = 0, tensors_out = 0;
+  std::size_t files_in = 0, files_out = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;  ///< tensor data read and written (headers aside)
+  double seconds = 0;
 
   nlohmann::ordered_json to_json() const {
     nlohmann::ordered_json j;
@@ -69,6 +101,11 @@ struct ConvertReport {
     j["force"] = options.force;
     j["tensors_in"] = tensors_in;
     j["tensors_out"] = tensors_out;
+    j["files_in"] = files_in;
+    j["files_out"] = files_out;
+    j["bytes_in"] = bytes_in;
+    j["bytes_out"] = bytes_out;
+    j["seconds"] = seconds;
     std::int64_t before = 0, after = 0;
     auto& layers_json = j["layers"] = nlohmann::ordered_json::array();
     for (const auto& l : layers) {
@@ -87,6 +124,8 @@ struct ConvertReport {
       x["params_before"] = l.params_before;
       x["params_after"] = l.params_after;
       x["seconds"] = l.seconds;
+      x["bytes_read"] = l.bytes_read;
+      x["bytes_written"] = l.bytes_written;
       x["warnings"] = l.warnings;
       layers_json.push_back(x);
       before += l.params_before;
@@ -96,9 +135,19 @@ struct ConvertReport {
     j["params_after"] = after;
     return j;
   }
+
+  /// Writes to_json() to `path` atomically.
+  void write_json(const std::string& path) const { write_file_atomically(path, to_json().dump(2) + "\n"); }
 };
 
 namespace detail {
+
+inline DType output_dtype(const std::string& dtype) {
+  if (dtype == "f32") return DType::F32;
+  if (dtype == "f16") return DType::F16;
+  if (dtype == "bf16") return DType::BF16;
+  throw RangeError("unknown dtype '" + dtype + "': expected f32, f16 or bf16");
+}
 
 template <typename S>
 std::vector<unsigned char> raw(const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& m) {
@@ -108,26 +157,41 @@ std::vector<unsigned char> raw(const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dyn
   return out;
 }
 
-/// Bytes of the given rows (axis 0) or columns (axis 1) of a stored tensor, same dtype.
-inline void add_kept_part(Writer& w, const SafeTensors& st, const KeptPart& k) {
-  const TensorInfo& t = st.info(k.source);
-  const std::size_t size = dtype_size(t.dtype);
-  const auto [rows, cols] = t.matrix_shape();
-  const unsigned char* src = st.bytes(k.source);
-  std::vector<unsigned char> out;
-  std::vector<std::int64_t> shape;
+/// The shape of a kept part: rows (axis 0) or columns (axis 1) of its source.
+inline std::vector<std::int64_t> kept_shape(const TensorInfo& t, const KeptPart& k) {
   const auto n = static_cast<std::int64_t>(k.indices.size());
+  const auto [rows, cols] = t.matrix_shape();
+  if (k.axis == 0) return t.shape.size() == 1 ? std::vector<std::int64_t>{n} : std::vector<std::int64_t>{n, cols};
+  return {rows, n};
+}
+
+inline bool quantized(DType t) { return t == DType::F8_E4M3 || t == DType::F8_E5M2; }
+
+/// The kept part's bytes: the stored bytes of its rows or columns, or — from an FP8 source —
+/// the dequantized values in `out` (the BD tensors' dtype).
+inline std::vector<unsigned char> kept_bytes(const ModelFolder& m, const KeptPart& k, DType out) {
+  const TensorInfo& t = m.info(k.source);
+  const auto [rows, cols] = t.matrix_shape();
+  if (quantized(t.dtype)) {
+    const Eigen::MatrixXd w = m.matrix(k.source, rows, cols);
+    const Eigen::MatrixXd part = k.axis == 0 ? Eigen::MatrixXd(w(k.indices, Eigen::all)) : Eigen::MatrixXd(w(Eigen::all, k.indices));
+    if (out == DType::F16) return raw<Eigen::half>(round_matrix<Eigen::half>(part));
+    if (out == DType::BF16) return raw<Eigen::bfloat16>(round_matrix<Eigen::bfloat16>(part));
+    return raw<float>(round_matrix<float>(part));
+  }
+  const std::size_t size = dtype_size(t.dtype);
+  const unsigned char* src = m.file_of(k.source).bytes(k.source);
+  std::vector<unsigned char> bytes;
   if (k.axis == 0) {
     for (Eigen::Index r : k.indices)
-      out.insert(out.end(), src + static_cast<std::size_t>(r * cols) * size, src + static_cast<std::size_t>((r + 1) * cols) * size);
-    shape = t.shape.size() == 1 ? std::vector<std::int64_t>{n} : std::vector<std::int64_t>{n, cols};
+      bytes.insert(bytes.end(), src + static_cast<std::size_t>(r * cols) * size, src + static_cast<std::size_t>((r + 1) * cols) * size);
   } else {
     for (Eigen::Index r = 0; r < rows; ++r)
       for (Eigen::Index c : k.indices)
-        out.insert(out.end(), src + static_cast<std::size_t>(r * cols + c) * size, src + static_cast<std::size_t>(r * cols + c + 1) * size);
-    shape = {rows, n};
+        bytes.insert(bytes.end(), src + static_cast<std::size_t>(r * cols + c) * size,
+                     src + static_cast<std::size_t>(r * cols + c + 1) * size);
   }
-  w.add_bytes(k.name, t.dtype, shape, std::move(out));
+  return bytes;
 }
 
 inline std::string window_of(const nn::HeadIndices& idx) {
@@ -142,117 +206,270 @@ inline std::vector<std::int32_t> indices_i32(const nn::HeadIndices& idx) {
   return out;
 }
 
+/// A layer's output tensors in file order: the BD tensors (format v1), then its kept parts.
+struct LayerPlan {
+  std::vector<TensorSpec> specs;
+  std::vector<KeptPart> kept;
+  std::set<std::string> consumed;  ///< input tensors the layer replaces (with FP8 block scales)
+};
+
+inline LayerPlan plan_layer(const ModelFolder& m, const AttentionLayout& a, const ConvertOptions& opts) {
+  LayerPlan p;
+  const DType dt = output_dtype(opts.dtype);
+  const bool qk = nn::has_qk(opts.mode), vo = nn::has_vo(opts.mode);
+  const std::int64_t n = a.config.n_q, dh = a.config.head_dim, dv = a.config.value_dim();
+  const std::string& P = a.prefix;
+  if (qk) {
+    p.specs.push_back({P + ".bd_qk.basis", dt, {a.d_q, n * dh}});
+    p.specs.push_back({P + ".bd_qk.coeff", dt, {a.d_kv - dh, n * dh}});
+    p.specs.push_back({P + ".bd_qk.indices", DType::I32, {n, dh}});
+    if (a.query_bias) p.specs.push_back({P + ".bd_qk.bias", dt, {n * dh}});
+  }
+  if (vo) {
+    p.specs.push_back({P + ".bd_vo.coeff", dt, {a.d_kv - dv, n * dv}});
+    p.specs.push_back({P + ".bd_vo.basis", dt, {n * dv, a.d_out}});
+    p.specs.push_back({P + ".bd_vo.indices", DType::I32, {n, dv}});
+    if (a.value_or_output_bias) p.specs.push_back({P + ".bd_vo.bias", dt, {a.d_out}});
+  }
+  if (qk) p.kept.insert(p.kept.end(), a.keep_with_qk.begin(), a.keep_with_qk.end());
+  if (qk && !vo) p.kept.insert(p.kept.end(), a.keep_without_vo.begin(), a.keep_without_vo.end());
+  if (vo && !qk) p.kept.insert(p.kept.end(), a.keep_without_qk.begin(), a.keep_without_qk.end());
+  for (const KeptPart& k : p.kept) {
+    const TensorInfo& t = m.info(k.source);
+    p.specs.push_back({k.name, quantized(t.dtype) ? dt : t.dtype, kept_shape(t, k)});
+  }
+  if (qk) p.consumed.insert(a.qk_sources.begin(), a.qk_sources.end());
+  if (vo) p.consumed.insert(a.vo_sources.begin(), a.vo_sources.end());
+  for (const std::string& name : std::set<std::string>(p.consumed))
+    if (m.contains(ModelFolder::scale_name(name))) p.consumed.insert(ModelFolder::scale_name(name));
+  return p;
+}
+
+/// Prepares one layer and returns its output tensors' bytes in the plan's order.
 template <typename S>
-LayerReport convert_layer(const AttentionLayout& layout, const ConvertOptions& opts, Writer& out) {
-  const auto start = std::chrono::steady_clock::now();
-  LayerReport report;
-  report.prefix = layout.prefix;
-  const nn::MultiHeadAttention<double> dense(layout.config, layout.weights);
-  nn::BDAttentionOptions bo;
-  bo.mode = opts.mode;
-  bo.decomposition = opts.decomposition;
-  bo.force = opts.force;
-  bo.cost_policy = opts.force ? nn::CostPolicy::Warn : nn::CostPolicy::Refuse;
+std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, const AttentionLayout& layout, const LayerPlan& plan,
+                                                      const ConvertOptions& opts, LayerReport& report) {
+  std::vector<std::vector<unsigned char>> out;
   nn::BDAttention<S> bda;
-  try {
-    bda = nn::BDAttention<S>::prepare(dense, bo);
-  } catch (const Error& e) {
-    throw RefusedError(message(layout.prefix, ": ", e.what()));
+  {
+    const nn::MultiHeadAttention<double> dense(layout.config, layout.load());
+    nn::BDAttentionOptions bo;
+    bo.mode = opts.mode;
+    bo.decomposition = opts.decomposition;
+    bo.force = opts.force;
+    bo.cost_policy = opts.force ? nn::CostPolicy::Warn : nn::CostPolicy::Refuse;
+    try {
+      bda = nn::BDAttention<S>::prepare(dense, bo);
+    } catch (const Error& e) {
+      throw RefusedError(message(layout.prefix, ": ", e.what()));
+    }
   }
   report.warnings = bda.warnings();
-  const std::string& P = layout.prefix;
-  const auto n_q = static_cast<std::int64_t>(layout.config.n_q);
-  auto add = [&](const std::string& name, const auto& m) {
-    out.add_bytes(name, dtype_of<S>(), {static_cast<std::int64_t>(m.rows()), static_cast<std::int64_t>(m.cols())}, raw<S>(m));
-    report.params_after += static_cast<std::int64_t>(m.size());
+  auto add = [&](const auto& matrix) {
+    out.push_back(raw<S>(matrix));
+    report.params_after += static_cast<std::int64_t>(matrix.size());
   };
-  auto add_vector = [&](const std::string& name, const auto& v) {
-    out.add_bytes(name, dtype_of<S>(), {static_cast<std::int64_t>(v.size())}, raw<S>(typename nn::BDAttention<S>::Stored(v)));
+  auto add_indices = [&](const nn::HeadIndices& idx) {
+    const std::vector<std::int32_t> v = indices_i32(idx);
+    std::vector<unsigned char> bytes(v.size() * sizeof(std::int32_t));
+    if (!v.empty()) std::memcpy(bytes.data(), v.data(), bytes.size());
+    out.push_back(std::move(bytes));
   };
+  using Stored = typename nn::BDAttention<S>::Stored;
   if (nn::has_qk(opts.mode)) {
-    add(P + ".bd_qk.basis", bda.qk_basis());
-    add(P + ".bd_qk.coeff", bda.qk_coeff());
-    const auto idx = indices_i32(bda.qk_indices());
-    out.add_flat<std::int32_t>(P + ".bd_qk.indices", {n_q, static_cast<std::int64_t>(layout.config.head_dim)}, idx.data(), idx.size());
-    if (bda.qk_bias().size()) add_vector(P + ".bd_qk.bias", bda.qk_bias());
+    add(bda.qk_basis());
+    add(bda.qk_coeff());
+    add_indices(bda.qk_indices());
+    if (bda.qk_bias().size()) out.push_back(raw<S>(Stored(bda.qk_bias())));
     report.qk = {true, window_of(bda.qk_indices()), bda.qk_report().mean_nmse, bda.qk_report().phases};
   }
   if (nn::has_vo(opts.mode)) {
-    add(P + ".bd_vo.coeff", bda.vo_coeff());
-    add(P + ".bd_vo.basis", bda.vo_basis());
-    const auto idx = indices_i32(bda.vo_indices());
-    out.add_flat<std::int32_t>(P + ".bd_vo.indices", {n_q, static_cast<std::int64_t>(layout.config.value_dim())}, idx.data(), idx.size());
-    if (bda.vo_bias().size()) add_vector(P + ".bd_vo.bias", bda.vo_bias());
+    add(bda.vo_coeff());
+    add(bda.vo_basis());
+    add_indices(bda.vo_indices());
+    if (bda.vo_bias().size()) out.push_back(raw<S>(Stored(bda.vo_bias())));
     report.vo = {true, window_of(bda.vo_indices()), bda.vo_report().mean_nmse, bda.vo_report().phases};
   }
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return report;
+  for (const KeptPart& k : plan.kept) {
+    out.push_back(kept_bytes(m, k, output_dtype(opts.dtype)));
+    report.params_after += static_cast<std::int64_t>(out.back().size() / dtype_size(plan.specs[out.size() - 1].dtype));
+  }
+  return out;
 }
+
+inline bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// A temporary folder beside `path`, removed with its contents unless renamed onto `path`.
+class TempFolder {
+public:
+  explicit TempFolder(const std::string& path) : path_(path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (fs::exists(path, ec))
+      throw IoError(message(path, ": already exists; bd-convert does not overwrite a folder (remove it or choose another name)"));
+    std::string tmpl = path + ".tmp.XXXXXX";
+    std::vector<char> name(tmpl.begin(), tmpl.end());
+    name.push_back('\0');
+    if (!::mkdtemp(name.data())) throw IoError(message(path, ": cannot create a temporary folder beside it: ", std::strerror(errno)));
+    tmp_ = name.data();
+  }
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+  ~TempFolder() {
+    if (committed_) return;
+    std::error_code ec;
+    std::filesystem::remove_all(tmp_, ec);
+  }
+  std::string file(const std::string& name) const { return tmp_ + "/" + name; }
+  void commit() {
+    ::chmod(tmp_.c_str(), 0755);
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+      throw IoError(message(path_, ": renaming the temporary folder onto it failed: ", std::strerror(errno)));
+    committed_ = true;
+  }
+
+private:
+  std::string path_, tmp_;
+  bool committed_ = false;
+};
 
 }  // namespace detail
 
-/// Reads INPUT_DIR/{config.json, model.safetensors}, converts every attention layer, writes
-/// `output` atomically (nothing is written when anything fails). `progress(done, total)` is
-/// called after each layer.
+/// Converts every attention layer of the model folder `input_dir` (see the file comment for
+/// the output, its atomicity and the memory bound). `progress` is called after each input
+/// file's tensors are copied and after each layer.
 inline ConvertReport convert_checkpoint(const std::string& input_dir, const std::string& output, const ConvertOptions& opts,
-                                        const std::function<void(std::size_t, std::size_t)>& progress = {}) {
-  if (opts.dtype != "f32" && opts.dtype != "f16" && opts.dtype != "bf16")
-    throw RangeError("unknown dtype '" + opts.dtype + "': expected f32, f16 or bf16");
-  const std::string config_path = input_dir + "/config.json";
-  const nlohmann::json config = read_json_file(config_path);
-  const SafeTensors st = SafeTensors::open(input_dir + "/model.safetensors");
-  const std::vector<AttentionLayout> layouts = attention_layers(opts.arch, config, st, config_path);
+                                        const std::function<void(const ConvertProgress&)>& progress = {}) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const DType dt = detail::output_dtype(opts.dtype);
+  const ModelFolder m = ModelFolder::open(input_dir);
+  const std::vector<AttentionLayout> layouts = attention_layers(opts.arch, m);
+  const bool folder_out = !detail::ends_with(output, ".safetensors");
+
+  // The plan: what each output file holds, from the headers alone.
+  std::vector<detail::LayerPlan> plans;
+  std::set<std::string> consumed;
+  for (const AttentionLayout& a : layouts) {
+    plans.push_back(detail::plan_layer(m, a, opts));
+    consumed.insert(plans.back().consumed.begin(), plans.back().consumed.end());
+  }
+  const std::size_t files = folder_out ? m.shards().size() : 1;
+  std::vector<std::vector<std::size_t>> layers_of(files);
+  for (std::size_t l = 0; l < layouts.size(); ++l) {
+    const auto& sources = nn::has_qk(opts.mode) ? layouts[l].qk_sources : layouts[l].vo_sources;
+    layers_of[folder_out ? m.shard_of(sources.front()) : 0].push_back(l);
+  }
 
   ConvertReport report;
   report.options = opts;
-  report.tensors_in = static_cast<std::int64_t>(st.tensors().size());
-  Writer converted;  // the BD tensors and kept parts, in layer order
-  std::set<std::string> removed;
-  const bool qk = nn::has_qk(opts.mode), vo = nn::has_vo(opts.mode);
-  for (std::size_t l = 0; l < layouts.size(); ++l) {
-    const AttentionLayout& layout = layouts[l];
-    LayerReport lr = opts.dtype == "f32"   ? detail::convert_layer<float>(layout, opts, converted)
-                     : opts.dtype == "f16" ? detail::convert_layer<Eigen::half>(layout, opts, converted)
-                                           : detail::convert_layer<Eigen::bfloat16>(layout, opts, converted);
-    std::set<std::string> consumed;
-    if (qk) consumed.insert(layout.qk_sources.begin(), layout.qk_sources.end());
-    if (vo) consumed.insert(layout.vo_sources.begin(), layout.vo_sources.end());
-    for (const auto& name : consumed) lr.params_before += static_cast<std::int64_t>(st.info(name).numel);
-    removed.insert(consumed.begin(), consumed.end());
-    std::vector<KeptPart> kept;
-    if (qk) kept.insert(kept.end(), layout.keep_with_qk.begin(), layout.keep_with_qk.end());
-    if (qk && !vo) kept.insert(kept.end(), layout.keep_without_vo.begin(), layout.keep_without_vo.end());
-    if (vo && !qk) kept.insert(kept.end(), layout.keep_without_qk.begin(), layout.keep_without_qk.end());
-    for (const KeptPart& k : kept) {
-      detail::add_kept_part(converted, st, k);
-      lr.params_after += static_cast<std::int64_t>(k.indices.size()) *
-                         static_cast<std::int64_t>(st.info(k.source).numel / static_cast<std::size_t>(
-                             k.axis == 0 ? st.info(k.source).matrix_shape().first : st.info(k.source).matrix_shape().second));
+  report.tensors_in = static_cast<std::int64_t>(m.tensor_count());
+  report.files_in = m.shards().size();
+  report.files_out = files;
+  std::map<std::string, std::string> metadata = m.metadata();
+  metadata["bd.format"] = "1";
+  metadata["bd.arch"] = to_string(opts.arch);
+  metadata["bd.mode"] = nn::to_string(opts.mode);
+  metadata["bd.dtype"] = opts.dtype;
+  metadata["bd.basis"] = bd::to_string(opts.decomposition.basis);
+  metadata["bd.align"] = std::to_string(opts.decomposition.align);
+  metadata["bd.force"] = opts.force ? "true" : "false";
+
+  std::optional<detail::TempFolder> folder;
+  if (folder_out) folder.emplace(output);
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (std::size_t f = 0; f < files; ++f) {
+    // Unconverted tensors of this file's input shard(s), in their order, then its layers.
+    std::vector<std::pair<std::size_t, const TensorInfo*>> copies;
+    for (std::size_t s = 0; s < m.shards().size(); ++s) {
+      if (folder_out && s != f) continue;
+      for (const TensorInfo& t : m.shards()[s].tensors.tensors())
+        if (!consumed.count(t.name)) copies.push_back({s, &t});
     }
-    report.layers.push_back(std::move(lr));
-    if (progress) progress(l + 1, layouts.size());
+    std::vector<TensorSpec> specs;
+    for (const auto& [s, t] : copies) specs.push_back({t->name, t->dtype, t->shape});
+    for (std::size_t l : layers_of[f]) specs.insert(specs.end(), plans[l].specs.begin(), plans[l].specs.end());
+    const std::string file_name = folder_out ? m.shards()[f].file : output;
+    for (const TensorSpec& t : specs) weight_map[t.name] = file_name;
+    report.tensors_out += static_cast<std::int64_t>(specs.size());
+    FileWriter writer(folder_out ? folder->file(file_name) : output, specs, metadata);
+
+    auto step_start = clock::now();
+    std::uint64_t copied = 0;
+    for (const auto& [s, t] : copies) {
+      const SafeTensors& st = m.shards()[s].tensors;
+      writer.copy(t->name, st.source(), st.data_offset() + t->begin, t->end - t->begin);
+      copied += t->end - t->begin;
+    }
+    report.bytes_in += copied;
+    report.bytes_out += copied;
+    if (progress && !copies.empty())
+      progress({ConvertProgress::Kind::Copied, folder_out ? m.shards()[f].file : std::string("unconverted tensors"),
+                report.layers.size(), layouts.size(), std::chrono::duration<double>(clock::now() - step_start).count(), copied,
+                copied});
+
+    for (std::size_t l : layers_of[f]) {
+      step_start = clock::now();
+      const AttentionLayout& layout = layouts[l];
+      const detail::LayerPlan& plan = plans[l];
+      LayerReport lr;
+      lr.prefix = layout.prefix;
+      std::vector<std::vector<unsigned char>> bytes =
+          dt == DType::F32   ? detail::convert_layer<float>(m, layout, plan, opts, lr)
+          : dt == DType::F16 ? detail::convert_layer<Eigen::half>(m, layout, plan, opts, lr)
+                             : detail::convert_layer<Eigen::bfloat16>(m, layout, plan, opts, lr);
+      for (const std::string& name : plan.consumed) {
+        const TensorInfo& t = m.info(name);
+        if (!detail::ends_with(name, "_scale_inv")) lr.params_before += static_cast<std::int64_t>(t.numel);
+        lr.bytes_read += t.end - t.begin;
+      }
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        writer.write(plan.specs[i].name, bytes[i].data(), bytes[i].size());
+        lr.bytes_written += bytes[i].size();
+      }
+      bytes.clear();
+      for (const std::string& name : plan.consumed) m.release(name);
+      for (const KeptPart& k : plan.kept) m.release(k.source);
+      lr.seconds = std::chrono::duration<double>(clock::now() - step_start).count();
+      report.bytes_in += lr.bytes_read;
+      report.bytes_out += lr.bytes_written;
+      report.layers.push_back(std::move(lr));
+      if (progress)
+        progress({ConvertProgress::Kind::Layer, layout.prefix, report.layers.size(), layouts.size(), report.layers.back().seconds,
+                  report.layers.back().bytes_read, report.layers.back().bytes_written});
+    }
+    writer.commit();
   }
 
-  // Every tensor not consumed, unchanged (same dtype, shape and bytes), then the BD tensors.
-  Writer out;
-  for (const auto& [k, v] : st.metadata()) out.set_metadata(k, v);
-  out.set_metadata("bd.format", "1");
-  out.set_metadata("bd.arch", to_string(opts.arch));
-  out.set_metadata("bd.mode", nn::to_string(opts.mode));
-  out.set_metadata("bd.dtype", opts.dtype);
-  out.set_metadata("bd.basis", bd::to_string(opts.decomposition.basis));
-  out.set_metadata("bd.align", std::to_string(opts.decomposition.align));
-  out.set_metadata("bd.force", opts.force ? "true" : "false");
-  std::vector<const TensorInfo*> order;
-  for (const auto& t : st.tensors()) order.push_back(&t);
-  for (const TensorInfo* t : order) {
-    if (removed.count(t->name)) continue;
-    const unsigned char* b = st.bytes(t->name);
-    out.add_bytes(t->name, t->dtype, t->shape, std::vector<unsigned char>(b, b + (t->end - t->begin)));
+  if (folder_out) {
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", report.bytes_out}, {"bd.format", "1"}};
+    index["weight_map"] = weight_map;
+    write_file_atomically(folder->file(ModelFolder::index_file), index.dump(2) + "\n");
+    nlohmann::ordered_json config = nlohmann::ordered_json::parse(m.config().dump());
+    config["bd"] = {{"format", "1"},
+                    {"arch", to_string(opts.arch)},
+                    {"mode", nn::to_string(opts.mode)},
+                    {"dtype", opts.dtype},
+                    {"basis", bd::to_string(opts.decomposition.basis)},
+                    {"align", opts.decomposition.align},
+                    {"force", opts.force}};
+    write_file_atomically(folder->file("config.json"), config.dump(2) + "\n");
+    // The folder's other files (tokenizer, generation config, …) unchanged.
+    std::set<std::string> written{"config.json", ModelFolder::index_file};
+    for (const auto& s : m.shards()) written.insert(s.file);
+    for (const auto& entry : std::filesystem::directory_iterator(input_dir)) {
+      const std::string name = entry.path().filename().string();
+      if (!entry.is_regular_file() || written.count(name) || name == ModelFolder::single_file) continue;
+      detail::TempFile copy(folder->file(name));
+      copy.copy_from(entry.path().string(), 0, static_cast<std::size_t>(entry.file_size()));
+      copy.commit();
+    }
+    folder->commit();
   }
-  out.append(std::move(converted));
-  report.tensors_out = static_cast<std::int64_t>(out.size());
-  out.write(output);
+  report.seconds = std::chrono::duration<double>(clock::now() - start).count();
   return report;
 }
 

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -49,16 +50,29 @@
 
 namespace bd::io {
 
-enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
+/// F8_E4M3 is OCP FP8 E4M3 "fn" (no infinities; S.1111.111 is NaN; largest 448), the type of
+/// DeepSeek-V3's weights; F8_E5M2 is IEEE-like (the top byte of a binary16).
+enum class DType { F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32, I16, I8, U8, BOOL };
+
+inline constexpr DType all_dtypes[] = {DType::F64,     DType::F32, DType::F16, DType::BF16, DType::F8_E4M3, DType::F8_E5M2,
+                                       DType::I64,     DType::I32, DType::I16, DType::I8,   DType::U8,      DType::BOOL};
 
 inline std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::F64: case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: case DType::I16: return 2;
-    case DType::I8: case DType::U8: case DType::BOOL: return 1;
+    case DType::F8_E4M3: case DType::F8_E5M2: case DType::I8: case DType::U8: case DType::BOOL: return 1;
   }
   return 0;
+}
+
+inline bool is_floating_point(DType t) {
+  switch (t) {
+    case DType::F64: case DType::F32: case DType::F16: case DType::BF16: case DType::F8_E4M3: case DType::F8_E5M2:
+      return true;
+    default: return false;
+  }
 }
 
 inline const char* to_string(DType t) {
@@ -67,6 +81,8 @@ inline const char* to_string(DType t) {
     case DType::F32: return "F32";
     case DType::F16: return "F16";
     case DType::BF16: return "BF16";
+    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::F8_E5M2: return "F8_E5M2";
     case DType::I64: return "I64";
     case DType::I32: return "I32";
     case DType::I16: return "I16";
@@ -78,8 +94,7 @@ inline const char* to_string(DType t) {
 }
 
 inline bool parse_dtype(std::string_view s, DType& out) {
-  for (DType t : {DType::F64, DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::I16, DType::I8,
-                  DType::U8, DType::BOOL}) {
+  for (DType t : all_dtypes) {
     if (s == to_string(t)) {
       out = t;
       return true;
@@ -167,18 +182,18 @@ public:
     auto out = std::make_shared<Bytes>();
 #ifdef BD_SAFETENSORS_MMAP
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw FormatError(message(path, ": cannot open: ", std::strerror(errno)));
+    if (fd < 0) throw IoError(message(path, ": cannot open: ", std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
-      throw FormatError(message(path, ": not a regular file"));
+      throw IoError(message(path, ": not a regular file"));
     }
     out->size_ = static_cast<std::size_t>(st.st_size);
     if (out->size_ > 0) {
       void* p = ::mmap(nullptr, out->size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
         ::close(fd);
-        throw FormatError(message(path, ": mmap failed: ", std::strerror(errno)));
+        throw IoError(message(path, ": mmap failed: ", std::strerror(errno)));
       }
       out->mapping_ = p;
       out->data_ = static_cast<const unsigned char*>(p);
@@ -186,7 +201,7 @@ public:
     ::close(fd);
 #else
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw FormatError(message(path, ": cannot open"));
+    if (!in) throw IoError(message(path, ": cannot open"));
     out->buffer_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     out->data_ = out->buffer_.data();
     out->size_ = out->buffer_.size();
@@ -203,6 +218,21 @@ public:
 
   const unsigned char* data() const { return data_; }
   std::size_t size() const { return size_; }
+
+  /// Drops the mapped pages of [offset, offset + n) from this process (they stay in the page
+  /// cache and fault back in if read again): streaming a model through a mapping then costs
+  /// resident memory for what is in use, not for everything read so far.
+  void release(std::size_t offset, std::size_t n) const {
+#ifdef BD_SAFETENSORS_MMAP
+    if (!mapping_ || n == 0) return;
+    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t begin = offset / page * page, end = std::min(size_, offset + n);
+    ::madvise(static_cast<unsigned char*>(mapping_) + begin, end - begin, MADV_DONTNEED);
+#else
+    (void)offset;
+    (void)n;
+#endif
+  }
 
 private:
   std::vector<unsigned char> buffer_;
@@ -226,6 +256,21 @@ inline std::int64_t json_nonnegative_int(const nlohmann::json& v, const std::str
   throw FormatError(message(what, " is ", v.dump(), ": expected a non-negative integer"));
 }
 
+/// OCP FP8 E4M3fn: bias 7, subnormals m·2⁻⁹, S.1111.111 NaN, no infinities. Exact in float.
+inline float fp8_e4m3_value(std::uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  float v;
+  if (e == 15 && m == 7) v = std::numeric_limits<float>::quiet_NaN();
+  else if (e == 0) v = std::ldexp(float(m), -9);
+  else v = std::ldexp(float(8 + m), e - 10);  // (1 + m/8)·2^(e−7)
+  return (b & 0x80) ? -v : v;
+}
+
+/// FP8 E5M2 is the top byte of a binary16.
+inline float fp8_e5m2_value(std::uint8_t b) {
+  return static_cast<float>(Eigen::half(Eigen::half_impl::raw_uint16_to_half(static_cast<std::uint16_t>(b << 8))));
+}
+
 template <typename T>
 T decode(const unsigned char* p, DType t) {
   auto load = [p](auto tag) {
@@ -240,6 +285,8 @@ T decode(const unsigned char* p, DType t) {
     case DType::BF16:
       return static_cast<T>(
           static_cast<float>(Eigen::bfloat16(Eigen::bfloat16_impl::raw_uint16_to_bfloat16(load(std::uint16_t{})))));
+    case DType::F8_E4M3: return static_cast<T>(fp8_e4m3_value(*p));
+    case DType::F8_E5M2: return static_cast<T>(fp8_e5m2_value(*p));
     case DType::I64: return static_cast<T>(load(std::int64_t{}));
     case DType::I32: return static_cast<T>(load(std::int32_t{}));
     case DType::I16: return static_cast<T>(load(std::int16_t{}));
@@ -247,6 +294,34 @@ T decode(const unsigned char* p, DType t) {
     case DType::U8: case DType::BOOL: return static_cast<T>(load(std::uint8_t{}));
   }
   return T{};
+}
+
+/// Decodes n stored values into out (the dtype switch outside the loop).
+template <typename T>
+void decode_into(const unsigned char* p, DType t, std::size_t n, T* out) {
+  auto each = [&](auto to_value, std::size_t size) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<T>(to_value(p + i * size));
+  };
+  auto load = [](auto tag) {
+    return [](const unsigned char* q) {
+      decltype(tag) v;
+      std::memcpy(&v, q, sizeof v);
+      return v;
+    };
+  };
+  switch (t) {
+    case DType::F64: return each(load(double{}), 8);
+    case DType::F32: return each(load(float{}), 4);
+    case DType::F16:
+      return each([](const unsigned char* q) { std::uint16_t b; std::memcpy(&b, q, 2);
+                                               return static_cast<float>(Eigen::half(Eigen::half_impl::raw_uint16_to_half(b))); }, 2);
+    case DType::BF16:
+      return each([](const unsigned char* q) { std::uint16_t b; std::memcpy(&b, q, 2);
+                                               const std::uint32_t w = std::uint32_t(b) << 16; float f; std::memcpy(&f, &w, 4);
+                                               return f; }, 2);
+    default:
+      for (std::size_t i = 0; i < n; ++i) out[i] = decode<T>(p + i * dtype_size(t), t);
+  }
 }
 
 }  // namespace detail
@@ -312,13 +387,18 @@ public:
   Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> matrix(const std::string& name) const {
     const TensorInfo& t = require_matrix(name);
     const auto [rows, cols] = t.matrix_shape();
-    Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> out(rows, cols);
-    const std::size_t size = dtype_size(t.dtype);
-    const unsigned char* p = data_ + t.begin;
-    for (Eigen::Index i = 0; i < rows; ++i)
-      for (Eigen::Index j = 0; j < cols; ++j)
-        out(i, j) = detail::decode<T>(p + static_cast<std::size_t>(i * cols + j) * size, t.dtype);
+    RowMajor<T> out(rows, cols);
+    detail::decode_into(data_ + t.begin, t.dtype, t.numel, out.data());
     return out;
+  }
+
+  /// Byte offset of the data section in the file (tensor spans are relative to it).
+  std::size_t data_offset() const { return static_cast<std::size_t>(data_ - bytes_->data()); }
+
+  /// Lets the operating system drop the tensor's mapped pages from this process (see Bytes::release).
+  void release(const std::string& name) const {
+    const TensorInfo& t = info(name);
+    bytes_->release(data_offset() + t.begin, t.end - t.begin);
   }
 
   /// A 1-D (or any) tensor as a flat vector in storage order.
@@ -425,7 +505,7 @@ private:
     const auto& dtype = value.at("dtype");
     if (!dtype.is_string() || !parse_dtype(dtype.get<std::string>(), t.dtype))
       throw FormatError(message(where, " has unknown dtype ", dtype.dump(),
-                                " (expected F64, F32, F16, BF16, I64, I32, I16, I8, U8 or BOOL)"));
+                                " (expected F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32, I16, I8, U8 or BOOL)"));
     const auto& shape = value.at("shape");
     if (!shape.is_array()) throw FormatError(message(where, ": shape is ", shape.dump(), ", expected an array"));
     std::uint64_t numel = 1;
@@ -464,23 +544,249 @@ private:
   std::map<std::string, std::string> metadata_;
 };
 
-/// Builds a safetensors file in memory and writes it atomically.
+/// A tensor of a file to be written: what its header entry says.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<std::int64_t> shape;
+
+  std::size_t bytes() const {
+    std::size_t n = dtype_size(dtype);
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    return n;
+  }
+};
+
+namespace detail {
+
+/// The 8-byte length and the JSON header (padded with spaces so the data starts on a multiple
+/// of 8) of a file holding `tensors` contiguously, in this order.
+inline std::string header_bytes(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::size_t offset = 0;
+  std::set<std::string> names;
+  for (const TensorSpec& t : tensors) {
+    for (auto d : t.shape)
+      if (d < 0) throw ShapeError(message("tensor '", t.name, "': negative dimension ", d));
+    if (t.name == "__metadata__" || !names.insert(t.name).second)
+      throw ShapeError(message("tensor '", t.name, "' added twice (or reserved name)"));
+    header[t.name] = {{"dtype", to_string(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
+    offset += t.bytes();
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>(std::uint64_t(json.size()) >> (8 * i));
+  return out + json;
+}
+
+/// A file written under a temporary name beside `path` and renamed onto it by commit(): readers
+/// see the old file or the complete new one, and a failure (or destruction before commit) leaves
+/// nothing behind.
+class TempFile {
+public:
+  explicit TempFile(std::string path) : path_(std::move(path)) {
+#ifdef BD_SAFETENSORS_MMAP
+    std::string tmpl = path_ + ".tmp.XXXXXX";
+    std::vector<char> name(tmpl.begin(), tmpl.end());
+    name.push_back('\0');
+    fd_ = ::mkstemp(name.data());
+    if (fd_ < 0) throw IoError(message(path_, ": cannot create a temporary file beside it: ", std::strerror(errno)));
+    tmp_ = name.data();
+#else
+    tmp_ = path_ + ".tmp";
+    out_.open(tmp_, std::ios::binary | std::ios::trunc);
+    if (!out_) throw IoError(message(path_, ": cannot create ", tmp_));
+#endif
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (committed_) return;
+#ifdef BD_SAFETENSORS_MMAP
+    if (fd_ >= 0) ::close(fd_);
+#else
+    out_.close();
+#endif
+    std::remove(tmp_.c_str());
+  }
+
+  void write(const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+#ifdef BD_SAFETENSORS_MMAP
+    std::size_t done = 0;
+    while (done < n) {
+      const ssize_t w = ::write(fd_, p + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw IoError(message(path_, ": write failed: ", std::strerror(errno)));
+      done += static_cast<std::size_t>(w);
+    }
+#else
+    out_.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n));
+    if (!out_) throw IoError(message(path_, ": write failed"));
+#endif
+    written_ += n;
+  }
+
+  /// Appends bytes [offset, offset + n) of the file `source`, in the kernel where it can
+  /// (copy_file_range), else through a 4 MiB buffer: never the whole span in memory.
+  void copy_from(const std::string& source, std::size_t offset, std::size_t n) {
+#ifdef BD_SAFETENSORS_MMAP
+    const int in = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in < 0) throw IoError(message(source, ": cannot open: ", std::strerror(errno)));
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{in};
+    std::size_t done = 0;
+#if defined(__linux__)
+    bool kernel_copy = true;
+    while (kernel_copy && done < n) {
+      off64_t from = static_cast<off64_t>(offset + done);
+      const ssize_t c = ::copy_file_range(in, &from, fd_, nullptr, n - done, 0);
+      if (c < 0 && errno == EINTR) continue;
+      if (c < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) kernel_copy = false;
+      else if (c < 0) throw IoError(message(path_, ": copying from ", source, " failed: ", std::strerror(errno)));
+      else if (c == 0) throw IoError(message(source, ": ended early (", offset + done, " of ", offset + n, " bytes)"));
+      else {
+        done += static_cast<std::size_t>(c);
+        written_ += static_cast<std::size_t>(c);
+      }
+    }
+#endif
+    std::vector<unsigned char> buffer(std::min<std::size_t>(n - done, std::size_t(4) << 20));
+    while (done < n) {
+      const ssize_t r = ::pread(in, buffer.data(), std::min(buffer.size(), n - done), static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw IoError(message(source, ": read failed: ", std::strerror(errno)));
+      if (r == 0) throw IoError(message(source, ": ended early (", offset + done, " of ", offset + n, " bytes)"));
+      write(buffer.data(), static_cast<std::size_t>(r));  // counts into written_
+      done += static_cast<std::size_t>(r);
+    }
+#else
+    std::ifstream in(source, std::ios::binary);
+    if (!in) throw IoError(message(source, ": cannot open"));
+    in.seekg(static_cast<std::streamoff>(offset));
+    std::vector<char> buffer(std::min<std::size_t>(n, std::size_t(4) << 20));
+    for (std::size_t done = 0; done < n;) {
+      const std::size_t k = std::min(buffer.size(), n - done);
+      if (!in.read(buffer.data(), static_cast<std::streamsize>(k))) throw IoError(message(source, ": read failed"));
+      write(buffer.data(), k);
+      done += k;
+    }
+#endif
+  }
+
+  std::size_t written() const { return written_; }
+
+  /// Flushes to disk and renames onto the final path.
+  void commit() {
+#ifdef BD_SAFETENSORS_MMAP
+    const int fd = fd_;
+    fd_ = -1;
+    if (::fsync(fd) != 0 || ::close(fd) != 0)
+      throw IoError(message(path_, ": flushing the temporary file failed: ", std::strerror(errno)));
+    ::chmod(tmp_.c_str(), 0644);
+#else
+    out_.close();
+    if (!out_) throw IoError(message(path_, ": flushing the temporary file failed"));
+    std::remove(path_.c_str());
+#endif
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+      throw IoError(message(path_, ": rename from the temporary file failed: ", std::strerror(errno)));
+    committed_ = true;
+  }
+
+private:
+  std::string path_, tmp_;
+#ifdef BD_SAFETENSORS_MMAP
+  int fd_ = -1;
+#else
+  std::ofstream out_;
+#endif
+  std::size_t written_ = 0;
+  bool committed_ = false;
+};
+
+}  // namespace detail
+
+/// Writes `text` to `path` atomically (a temporary file beside it, renamed): a report, a config.
+inline void write_file_atomically(const std::string& path, std::string_view text) {
+  detail::TempFile file(path);
+  file.write(text.data(), text.size());
+  file.commit();
+}
+
+/// Writes a safetensors file whose tensor list is known before any data: the header first,
+/// then each tensor's bytes in order — from memory, or copied from a span of another file
+/// without passing through the heap. It holds the header, never the data; commit() makes the
+/// file appear atomically, and nothing is left behind when it is not reached.
+class FileWriter {
+public:
+  FileWriter(std::string path, std::vector<TensorSpec> tensors, const std::map<std::string, std::string>& metadata = {})
+      : tensors_(std::move(tensors)), file_(std::move(path)) {
+    const std::string header = detail::header_bytes(tensors_, metadata);
+    file_.write(header.data(), header.size());
+  }
+
+  /// The next tensor's bytes, in the order given to the constructor.
+  void write(const std::string& name, const void* data, std::size_t n) {
+    next(name, n);
+    if (n) file_.write(data, n);
+  }
+
+  /// The next tensor's bytes, copied from [offset, offset + n) of the file `source`.
+  void copy(const std::string& name, const std::string& source, std::size_t offset, std::size_t n) {
+    next(name, n);
+    if (n) file_.copy_from(source, offset, n);
+  }
+
+  /// Name of the tensor to be written next (empty when all are).
+  const std::string& expected() const {
+    static const std::string none;
+    return next_ < tensors_.size() ? tensors_[next_].name : none;
+  }
+  std::size_t bytes_written() const { return file_.written(); }
+
+  void commit() {
+    if (next_ != tensors_.size())
+      throw ShapeError(bd::detail::message("safetensors writer: committed after ", next_, " of ", tensors_.size(),
+                                           " tensors (next: '", tensors_[next_].name, "')"));
+    file_.commit();
+  }
+
+private:
+  void next(const std::string& name, std::size_t n) {
+    using bd::detail::message;
+    if (next_ >= tensors_.size()) throw ShapeError(message("safetensors writer: tensor '", name, "' is beyond the planned list"));
+    const TensorSpec& t = tensors_[next_];
+    if (t.name != name) throw ShapeError(message("safetensors writer: got tensor '", name, "', expected '", t.name, "' next"));
+    if (t.bytes() != n)
+      throw ShapeError(message("safetensors writer: tensor '", name, "' has ", n, " bytes, its header entry says ", t.bytes()));
+    ++next_;
+  }
+
+  std::vector<TensorSpec> tensors_;
+  std::size_t next_ = 0;
+  detail::TempFile file_;
+};
+
+/// Builds a safetensors file in memory and writes it atomically (small files: tests, reports).
 class Writer {
 public:
   /// Adds raw little-endian bytes; their size must equal shape × dtype size.
   Writer& add_bytes(const std::string& name, DType dtype, std::vector<std::int64_t> shape,
                     std::vector<unsigned char> bytes) {
-    std::uint64_t numel = 1;
-    for (auto d : shape) {
+    TensorSpec spec{name, dtype, std::move(shape)};
+    for (auto d : spec.shape)
       if (d < 0) throw ShapeError(bd::detail::message("tensor '", name, "': negative dimension ", d));
-      numel *= static_cast<std::uint64_t>(d);
-    }
-    if (numel * dtype_size(dtype) != bytes.size())
-      throw ShapeError(bd::detail::message("tensor '", name, "': ", bytes.size(), " bytes for ", numel, " elements of ",
-                                           to_string(dtype)));
+    if (spec.bytes() != bytes.size())
+      throw ShapeError(bd::detail::message("tensor '", name, "': ", bytes.size(), " bytes for ", spec.bytes() / dtype_size(dtype),
+                                           " elements of ", to_string(dtype)));
     if (name == "__metadata__" || !names_.insert(name).second)
       throw ShapeError(bd::detail::message("tensor '", name, "' added twice (or reserved name)"));
-    entries_.push_back({name, dtype, std::move(shape), std::move(bytes)});
+    entries_.push_back({std::move(spec), std::move(bytes)});
     return *this;
   }
 
@@ -507,18 +813,6 @@ public:
     return add_bytes(name, dtype_of<T>(), std::move(shape), std::move(bytes));
   }
 
-  /// Moves every tensor of `other` after this writer's own (metadata stays this writer's).
-  Writer& append(Writer&& other) {
-    for (Entry& e : other.entries_) {
-      if (!names_.insert(e.name).second)
-        throw ShapeError(bd::detail::message("tensor '", e.name, "' added twice"));
-      entries_.push_back(std::move(e));
-    }
-    other.entries_.clear();
-    other.names_.clear();
-    return *this;
-  }
-
   std::size_t size() const { return entries_.size(); }
 
   Writer& set_metadata(const std::string& key, const std::string& value) {
@@ -527,90 +821,28 @@ public:
   }
 
   std::vector<unsigned char> to_bytes() const {
-    nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    if (!metadata_.empty()) header["__metadata__"] = metadata_;
-    std::size_t offset = 0;
-    for (const Entry& e : entries_) {
-      header[e.name] = {{"dtype", to_string(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + e.bytes.size()}}};
-      offset += e.bytes.size();
-    }
-    std::string json = header.dump();
-    json.append((8 - json.size() % 8) % 8, ' ');
-    std::vector<unsigned char> out(8 + json.size() + offset);
-    const std::uint64_t n = json.size();
-    for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<unsigned char>(n >> (8 * i));
-    std::memcpy(out.data() + 8, json.data(), json.size());
-    std::size_t at = 8 + json.size();
-    for (const Entry& e : entries_) {
-      if (!e.bytes.empty()) std::memcpy(out.data() + at, e.bytes.data(), e.bytes.size());
-      at += e.bytes.size();
-    }
+    std::vector<TensorSpec> specs;
+    for (const Entry& e : entries_) specs.push_back(e.spec);
+    const std::string header = detail::header_bytes(specs, metadata_);
+    std::vector<unsigned char> out(header.begin(), header.end());
+    for (const Entry& e : entries_) out.insert(out.end(), e.bytes.begin(), e.bytes.end());
     return out;
   }
 
-  /// Writes to a temporary file beside `path`, flushes it, and renames it over `path`: readers
-  /// see the old file or the complete new one, and a failure leaves nothing behind.
-  void write(const std::string& path) const {
-    const std::vector<unsigned char> bytes = to_bytes();
-    write_atomically(path, bytes);
-  }
+  /// Writes the file atomically (see detail::TempFile).
+  void write(const std::string& path) const { write_atomically(path, to_bytes()); }
 
   static void write_atomically(const std::string& path, const std::vector<unsigned char>& bytes) {
-    using bd::detail::message;
-#ifdef BD_SAFETENSORS_MMAP
-    std::string tmpl = path + ".tmp.XXXXXX";
-    std::vector<char> name(tmpl.begin(), tmpl.end());
-    name.push_back('\0');
-    const int fd = ::mkstemp(name.data());
-    if (fd < 0) throw FormatError(message(path, ": cannot create a temporary file beside it: ", std::strerror(errno)));
-    const std::string tmp(name.data());
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        const std::string why = std::strerror(errno);
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        throw FormatError(message(path, ": write failed: ", why));
-      }
-      done += static_cast<std::size_t>(w);
-    }
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-      ::unlink(tmp.c_str());
-      throw FormatError(message(path, ": flushing the temporary file failed: ", std::strerror(errno)));
-    }
-    ::chmod(tmp.c_str(), 0644);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      const std::string why = std::strerror(errno);
-      ::unlink(tmp.c_str());
-      throw FormatError(message(path, ": rename from the temporary file failed: ", why));
-    }
-#else
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-      if (!out) {
-        std::remove(tmp.c_str());
-        throw FormatError(message(path, ": write failed"));
-      }
-    }
-    std::remove(path.c_str());
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      throw FormatError(message(path, ": rename failed"));
-    }
-#endif
+    detail::TempFile file(path);
+    file.write(bytes.data(), bytes.size());
+    file.commit();
   }
 
 private:
   template <typename T>
   using RowMajorCopy = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   struct Entry {
-    std::string name;
-    DType dtype;
-    std::vector<std::int64_t> shape;
+    TensorSpec spec;
     std::vector<unsigned char> bytes;
   };
   std::vector<Entry> entries_;

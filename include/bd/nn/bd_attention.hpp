@@ -58,6 +58,22 @@ struct ProductReport {
   bd::PhaseTimes phases;  ///< where preparing this family's heads spent its time
 };
 
+/// The tensors BD stores for a layer (bd-convert's format v1, in x·W orientation): what
+/// BDAttention::assemble takes back. Empty members for a family that is not decomposed.
+template <typename S>
+struct BDWeights {
+  using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
+  using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+  Stored qk_basis;          ///< d_q × n_q·d_h
+  Stored qk_coeff;          ///< (d_kv − d_h) × n_q·d_h
+  HeadIndices qk_indices;   ///< per head, d_h ascending channels of the key input
+  StoredVector qk_bias;     ///< n_q·d_h, or empty
+  Stored vo_coeff;          ///< (d_kv − d_v) × n_q·d_v
+  Stored vo_basis;          ///< n_q·d_v × d_out
+  HeadIndices vo_indices;
+  StoredVector vo_bias;     ///< d_out, or empty
+};
+
 template <typename S = float>
 class BDAttention {
 public:
@@ -111,6 +127,67 @@ public:
       out.dense_.bv.resize(0);
       out.dense_.bo.resize(0);
     }
+    return out;
+  }
+
+  /// Rebuilds a prepared layer from stored tensors (a BD checkpoint): `rest` holds what BD left
+  /// dense (Wq, Wk and biases when QK is not decomposed; Wv, Wo when VO is not; MLA's latent and
+  /// RoPE parts). Every shape and index is checked against `config`.
+  static BDAttention assemble(const AttentionConfig& config, Mode mode, AttentionWeights<S> rest, BDWeights<S> bd) {
+    using bd::detail::message;
+    BDAttention out;
+    out.config_ = config;
+    out.mode_ = mode;
+    const AttentionConfig& c = config;
+    const Index n = c.n_q, dh = c.head_dim, dv = c.value_dim();
+    auto require = [](bool ok, const std::string& what) {
+      if (!ok) throw ShapeError("BDAttention::assemble: " + what);
+    };
+    auto check_indices = [&](const HeadIndices& idx, Index dim, const char* family) {
+      require(idx.heads() == n && idx.head_dim == dim,
+              message(family, " indices have ", idx.heads(), " heads of ", idx.head_dim, ", expected ", n, " of ", dim));
+      // Range and order were checked by HeadIndices::from_basis.
+    };
+    Index d_kv = 0;
+    if (has_qk(mode)) {
+      check_indices(bd.qk_indices, dh, "QK");
+      d_kv = bd.qk_indices.input_dim;
+      require(bd.qk_basis.cols() == n * dh, message("QK basis has ", bd.qk_basis.cols(), " columns, expected n_q·d_h = ", n * dh));
+      require(bd.qk_coeff.rows() == d_kv - dh && bd.qk_coeff.cols() == n * dh,
+              message("QK coefficients are ", bd.qk_coeff.rows(), "x", bd.qk_coeff.cols(), ", expected ", d_kv - dh, "x", n * dh));
+      require(bd.qk_bias.size() == 0 || bd.qk_bias.size() == n * dh,
+              message("QK bias has ", bd.qk_bias.size(), " values, expected ", n * dh));
+      out.d_q_ = bd.qk_basis.rows();
+    } else {
+      require(rest.Wq.size() && rest.Wk.size(), "QK is not decomposed, so the dense Wq and Wk are needed");
+      out.d_q_ = rest.Wq.rows();
+      d_kv = rest.Wk.rows();
+    }
+    if (has_vo(mode)) {
+      check_indices(bd.vo_indices, dv, "VO");
+      require(bd.vo_indices.input_dim == d_kv,
+              message("VO indices are over ", bd.vo_indices.input_dim, " key/value input channels, QK's over ", d_kv));
+      require(bd.vo_coeff.rows() == d_kv - dv && bd.vo_coeff.cols() == n * dv,
+              message("VO coefficients are ", bd.vo_coeff.rows(), "x", bd.vo_coeff.cols(), ", expected ", d_kv - dv, "x", n * dv));
+      require(bd.vo_basis.rows() == n * dv, message("VO basis has ", bd.vo_basis.rows(), " rows, expected n_q·d_v = ", n * dv));
+      require(bd.vo_bias.size() == 0 || bd.vo_bias.size() == bd.vo_basis.cols(),
+              message("VO bias has ", bd.vo_bias.size(), " values, expected ", bd.vo_basis.cols()));
+    } else {
+      require(rest.Wv.rows() == d_kv && rest.Wo.size(), message("VO is not decomposed, so the dense Wv (", d_kv,
+                                                                " rows) and Wo are needed"));
+    }
+    out.d_kv_in_ = rest.W_dkv.size() ? rest.W_dkv.rows() : d_kv;
+    out.dense_ = std::move(rest);
+    out.Bq_ = std::move(bd.qk_basis);
+    out.Ck_ = std::move(bd.qk_coeff);
+    out.beta_ = std::move(bd.qk_bias);
+    out.qk_idx_ = std::move(bd.qk_indices);
+    out.Cv_ = std::move(bd.vo_coeff);
+    out.Bo_ = std::move(bd.vo_basis);
+    out.bo_ = std::move(bd.vo_bias);
+    out.vo_idx_ = std::move(bd.vo_indices);
+    out.qk_report_.decomposed = has_qk(mode);
+    out.vo_report_.decomposed = has_vo(mode);
     return out;
   }
 

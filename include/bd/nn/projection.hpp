@@ -42,7 +42,20 @@ struct HeadIndices {
   }
 
   /// From each head's basis channels; shared when they are one window common to all heads.
+  /// Refuses a head whose channels are not distinct, ascending and in [0, input_dim), or whose
+  /// size differs from the first head's (stored indices are read from files).
   static HeadIndices from_basis(std::vector<std::vector<Index>> basis, Index input_dim) {
+    if (basis.empty() || basis.front().empty()) throw ShapeError("head indices: no heads, or an empty basis");
+    for (std::size_t h = 0; h < basis.size(); ++h) {
+      const auto& b = basis[h];
+      if (b.size() != basis.front().size())
+        throw ShapeError(bd::detail::message("head indices: head ", h, " has ", b.size(), " channels, head 0 has ",
+                                             basis.front().size()));
+      for (std::size_t i = 0; i < b.size(); ++i)
+        if (b[i] < 0 || b[i] >= input_dim || (i > 0 && b[i] <= b[i - 1]))
+          throw RangeError(bd::detail::message("head indices: head ", h, " must hold distinct, ascending channels in [0, ",
+                                               input_dim, "); found ", b[i], " at position ", i));
+    }
     HeadIndices out;
     out.input_dim = input_dim;
     out.head_dim = static_cast<Index>(basis.front().size());

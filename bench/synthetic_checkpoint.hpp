@@ -1,0 +1,110 @@
+// A synthetic Hugging Face checkpoint folder at real scale, written shard by shard without
+// holding more than one tensor in memory: DeepSeek-V2-Lite's attention (27 layers, hidden 2048,
+// 16 heads, latent 512, nope 128, rope 64, v 128, no query LoRA) with a dense SwiGLU MLP of
+// width 5632 in place of the MoE, a 102400-token vocabulary and an untied head: 3.45 GB in bf16.
+// Values are uniform in ±1/√fan_in (full-rank products, the hard case for BD's error), seeded.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+#include <nlohmann/json.hpp>
+
+#include <bd/io/safetensors.hpp>
+
+namespace bd_bench {
+
+struct SyntheticCheckpoint {
+  int layers = 27, hidden = 2048, heads = 16, latent = 512, nope = 128, rope = 64, v = 128, mlp = 5632, vocab = 102400;
+  int shards = 4;
+  std::uint64_t seed = 1;
+
+  /// Tensors in file order; shard s holds layers [s·L/S, (s+1)·L/S), the embedding goes first, the head last.
+  std::vector<std::vector<bd::io::TensorSpec>> plan() const {
+    using bd::io::DType;
+    auto W = [](std::string name, std::int64_t rows, std::int64_t cols) {
+      return bd::io::TensorSpec{std::move(name), DType::BF16, {rows, cols}};
+    };
+    auto N = [](std::string name, std::int64_t n) { return bd::io::TensorSpec{std::move(name), DType::BF16, {n}}; };
+    std::vector<std::vector<bd::io::TensorSpec>> out(static_cast<std::size_t>(shards));
+    out.front().push_back(W("model.embed_tokens.weight", vocab, hidden));
+    for (int l = 0; l < layers; ++l) {
+      auto& s = out[static_cast<std::size_t>(l * shards / layers)];
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      s.push_back(N(p + "input_layernorm.weight", hidden));
+      s.push_back(W(p + "self_attn.q_proj.weight", heads * (nope + rope), hidden));
+      s.push_back(W(p + "self_attn.kv_a_proj_with_mqa.weight", latent + rope, hidden));
+      s.push_back(N(p + "self_attn.kv_a_layernorm.weight", latent));
+      s.push_back(W(p + "self_attn.kv_b_proj.weight", heads * (nope + v), latent));
+      s.push_back(W(p + "self_attn.o_proj.weight", hidden, heads * v));
+      s.push_back(N(p + "post_attention_layernorm.weight", hidden));
+      s.push_back(W(p + "mlp.gate_proj.weight", mlp, hidden));
+      s.push_back(W(p + "mlp.up_proj.weight", mlp, hidden));
+      s.push_back(W(p + "mlp.down_proj.weight", hidden, mlp));
+    }
+    out.back().push_back(N("model.norm.weight", hidden));
+    out.back().push_back(W("lm_head.weight", vocab, hidden));
+    return out;
+  }
+
+  static std::string shard_name(int s, int shards) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", s + 1, shards);
+    return buf;
+  }
+
+  /// Writes config.json, the shards and model.safetensors.index.json into `dir` (created).
+  /// Returns the bytes of tensor data written.
+  std::uint64_t write(const std::string& dir) const {
+    namespace fs = std::filesystem;
+    fs::create_directories(dir);
+    nlohmann::ordered_json config = {{"architectures", {"DeepseekV2ForCausalLM"}},
+                                     {"model_type", "deepseek_v2"},
+                                     {"hidden_size", hidden},
+                                     {"intermediate_size", mlp},
+                                     {"num_hidden_layers", layers},
+                                     {"num_attention_heads", heads},
+                                     {"num_key_value_heads", heads},
+                                     {"kv_lora_rank", latent},
+                                     {"q_lora_rank", nullptr},
+                                     {"qk_nope_head_dim", nope},
+                                     {"qk_rope_head_dim", rope},
+                                     {"v_head_dim", v},
+                                     {"vocab_size", vocab},
+                                     {"torch_dtype", "bfloat16"}};
+    std::ofstream(dir + "/config.json") << config.dump(2) << "\n";
+    nlohmann::ordered_json map = nlohmann::ordered_json::object();
+    std::uint64_t total = 0, state = seed * 0x9E3779B97F4A7C15ull + 1;
+    const auto files = plan();
+    for (int s = 0; s < shards; ++s) {
+      const std::string name = shard_name(s, shards);
+      bd::io::FileWriter w(dir + "/" + name, files[static_cast<std::size_t>(s)], {{"format", "pt"}});
+      for (const auto& t : files[static_cast<std::size_t>(s)]) {
+        map[t.name] = name;
+        const std::size_t n = t.bytes() / 2;
+        std::vector<std::uint16_t> values(n);
+        const bool norm = t.shape.size() == 1;
+        const float a = norm ? 0.f : 1.0f / std::sqrt(float(t.shape[1]));
+        for (auto& x : values) {
+          state ^= state << 13, state ^= state >> 7, state ^= state << 17;  // xorshift64
+          const float u = norm ? 1.0f : a * (float(state >> 40) * (2.0f / 16777216.0f) - 1.0f);
+          std::uint32_t bits;
+          std::memcpy(&bits, &u, 4);
+          x = static_cast<std::uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);  // round to nearest even
+        }
+        w.write(t.name, values.data(), t.bytes());
+        total += t.bytes();
+      }
+      w.commit();
+    }
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << nlohmann::ordered_json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) << "\n";
+    return total;
+  }
+};
+
+}  // namespace bd_bench

@@ -1,0 +1,125 @@
+// bd/io/bd_checkpoint.hpp — reads what bd-convert writes (format v1, see bd/io/convert.hpp)
+// back into bd::nn: each attention layer as a BDAttention, or a whole LLaMA model with BD
+// attention. The checkpoint is a folder (config.json with a "bd" record, one file or shards) or
+// a single .safetensors file with the model's config.json beside it. The file's bd.format must
+// be 1, and every tensor's presence, dtype and shape is checked against config.json.
+//
+// Layers of GPT-2, BERT and LLaMA checkpoints are read back; DeepSeek-V2 (MLA) layers are
+// refused with a message until bd::nn has MLA with query LoRA.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bd/core/scalar.hpp"
+#include "bd/io/checkpoint.hpp"
+#include "bd/io/hf_llama.hpp"
+#include "bd/io/model_folder.hpp"
+#include "bd/nn/bd_attention.hpp"
+
+namespace bd::io {
+
+/// What a BD checkpoint says about itself (its safetensors metadata, bd.*).
+struct BDRecord {
+  Arch arch = Arch::LLaMA;
+  nn::Mode mode = nn::Mode::VO;
+  std::string dtype;
+
+  static BDRecord of(const ModelFolder& m) {
+    using bd::detail::message;
+    const auto& meta = m.metadata();
+    auto get = [&](const char* key) {
+      const auto it = meta.find(key);
+      if (it == meta.end())
+        throw FormatError(message(m.dir(), ": metadata lacks '", key,
+                                  "': not a BD checkpoint (bd-convert writes bd.format, bd.arch, bd.mode, bd.dtype)"));
+      return it->second;
+    };
+    if (get("bd.format") != "1")
+      throw FormatError(message(m.dir(), ": bd.format is '", get("bd.format"), "', this bd reads format 1"));
+    BDRecord r;
+    r.arch = parse_arch(get("bd.arch"));
+    r.mode = nn::parse_mode(get("bd.mode"));
+    r.dtype = get("bd.dtype");
+    return r;
+  }
+};
+
+namespace detail {
+
+/// The channel indices of a family: an I32 tensor [heads, dim], ascending per head.
+inline nn::HeadIndices stored_indices(const ModelFolder& m, const std::string& name, Eigen::Index heads, Eigen::Index dim,
+                                      Eigen::Index input_dim) {
+  const TensorInfo& t = m.info(name);
+  if (t.dtype != DType::I32 || t.shape.size() != 2 || t.shape[0] != heads || t.shape[1] != dim)
+    throw FormatError(message(m.file_of(name).source(), ": tensor '", name, "' is ", to_string(t.dtype), " of ", t.shape.size(),
+                              " dimensions, expected I32 [", heads, ", ", dim, "]"));
+  const std::vector<std::int64_t> v = m.file_of(name).values<std::int64_t>(name);
+  std::vector<std::vector<Eigen::Index>> basis(static_cast<std::size_t>(heads));
+  for (Eigen::Index h = 0; h < heads; ++h)
+    basis[static_cast<std::size_t>(h)].assign(v.begin() + h * dim, v.begin() + (h + 1) * dim);
+  try {
+    return nn::HeadIndices::from_basis(std::move(basis), input_dim);
+  } catch (const Error& e) {
+    throw FormatError(message(m.file_of(name).source(), ": tensor '", name, "': ", e.what()));
+  }
+}
+
+template <typename S>
+Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic> stored(const ModelFolder& m, const std::string& name, Eigen::Index rows,
+                                                         Eigen::Index cols) {
+  return round_matrix<S>(m.matrix(name, rows, cols));  // exact when the file holds S
+}
+
+/// One layer of a BD checkpoint.
+template <typename S>
+nn::BDAttention<S> read_bd_layer(const ModelFolder& m, const AttentionLayout& a, nn::Mode mode) {
+  const std::string& P = a.prefix;
+  const Eigen::Index n = a.config.n_q, dh = a.config.head_dim, dv = a.config.value_dim();
+  nn::BDWeights<S> w;
+  if (nn::has_qk(mode)) {
+    w.qk_basis = stored<S>(m, P + ".bd_qk.basis", a.d_q, n * dh);
+    w.qk_coeff = stored<S>(m, P + ".bd_qk.coeff", a.d_kv - dh, n * dh);
+    w.qk_indices = stored_indices(m, P + ".bd_qk.indices", n, dh, a.d_kv);
+    if (m.contains(P + ".bd_qk.bias")) w.qk_bias = stored<S>(m, P + ".bd_qk.bias", n * dh, 1);
+  }
+  if (nn::has_vo(mode)) {
+    w.vo_coeff = stored<S>(m, P + ".bd_vo.coeff", a.d_kv - dv, n * dv);
+    w.vo_basis = stored<S>(m, P + ".bd_vo.basis", n * dv, a.d_out);
+    w.vo_indices = stored_indices(m, P + ".bd_vo.indices", n, dv, a.d_kv);
+    if (m.contains(P + ".bd_vo.bias")) w.vo_bias = stored<S>(m, P + ".bd_vo.bias", a.d_out, 1);
+  }
+  return nn::BDAttention<S>::assemble(a.config, mode, a.load().template cast<S>(), std::move(w));
+}
+
+}  // namespace detail
+
+/// Every attention layer of a BD checkpoint, weights stored in S.
+template <typename S = float>
+std::vector<nn::BDAttention<S>> load_bd_attention(const std::string& path) {
+  const ModelFolder m = ModelFolder::open(path);
+  const BDRecord r = BDRecord::of(m);
+  std::vector<nn::BDAttention<S>> out;
+  for (const AttentionLayout& a : attention_layers(r.arch, m, r.mode)) out.push_back(detail::read_bd_layer<S>(m, a, r.mode));
+  return out;
+}
+
+/// A LLaMA model with BD attention from a checkpoint bd-convert wrote (--arch llama).
+template <typename S = float>
+nn::LlamaModel<S, nn::BDAttention<S>> load_bd_llama(const std::string& path) {
+  const ModelFolder m = ModelFolder::open(path);
+  const BDRecord r = BDRecord::of(m);
+  if (r.arch != Arch::LLaMA)
+    throw FormatError(bd::detail::message(m.dir(), ": bd.arch is ", to_string(r.arch), ", expected llama"));
+  const std::vector<AttentionLayout> layouts = attention_layers(Arch::LLaMA, m, r.mode);
+  return detail::llama_model<S, nn::BDAttention<S>>(
+      m, [&](Eigen::Index l) { return detail::read_bd_layer<S>(m, layouts[static_cast<std::size_t>(l)], r.mode); });
+}
+
+/// Whether `path` holds a BD checkpoint (its metadata has bd.format).
+inline bool is_bd_checkpoint(const std::string& path) {
+  const ModelFolder m = ModelFolder::open(path);
+  return m.metadata().count("bd.format") != 0;
+}
+
+}  // namespace bd::io
