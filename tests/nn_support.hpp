@@ -13,6 +13,8 @@ struct LayerSpec {
   double rope_theta = 0;
   // MLA: keys/values from a latent of width d_kv computed from a d_model_kv input.
   Eigen::Index d_model_kv = 0, rope_dim = 0;
+  // Query LoRA: queries from RMSNorm(x·W_qa) of width q_lora (x is d_q wide).
+  Eigen::Index q_lora = 0;
 };
 
 /// A layer with Gaussian weights scaled like a trained one (1/sqrt(fan_in)), seeded.
@@ -30,7 +32,12 @@ inline bd::nn::MultiHeadAttention<double> random_attention(const LayerSpec& s, u
   auto g = [&](Eigen::Index r, Eigen::Index k, unsigned salt) -> Eigen::MatrixXd {
     return gaussian(r, k, seed * 101 + salt) / std::sqrt(double(r));  // a value: an expression would dangle
   };
-  w.Wq = g(s.d_q, s.n_q * s.head_dim, 1);
+  const Eigen::Index d_query = s.q_lora ? s.q_lora : s.d_q;  // what Wq reads
+  w.Wq = g(d_query, s.n_q * s.head_dim, 1);
+  if (s.q_lora) {
+    w.W_qa = g(s.d_q, s.q_lora, 13);
+    w.q_norm = (gaussian(s.q_lora, 1, seed + 14).array().abs() + 0.5).matrix();
+  }
   w.Wk = g(s.d_kv, s.n_kv * s.head_dim, 2);
   w.Wv = g(s.d_kv, s.n_kv * dv, 3);
   w.Wo = g(s.n_q * dv, s.d_out, 4);
@@ -45,7 +52,7 @@ inline bd::nn::MultiHeadAttention<double> random_attention(const LayerSpec& s, u
     w.kv_norm = (gaussian(s.d_kv, 1, seed + 10).array().abs() + 0.5).matrix();
   }
   if (s.rope_dim) {
-    w.Wq_rope = g(s.d_q, s.n_q * s.rope_dim, 11);
+    w.Wq_rope = g(d_query, s.n_q * s.rope_dim, 11);
     w.Wk_rope = g(s.d_model_kv ? s.d_model_kv : s.d_kv, s.rope_dim, 12);
   }
   return bd::nn::MultiHeadAttention<double>(c, w);

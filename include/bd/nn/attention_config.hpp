@@ -6,8 +6,10 @@
 //   cross-attention     forward(x, x_kv): keys and values from another input, of another width
 //   RoPE                rotate_half rotary embedding on q and k (rope_theta > 0)
 //   MLA (DeepSeek-V2)   keys/values from a latent c = RMSNorm(x_kv·W_dkv)·g, plus a decoupled
-//                       RoPE part: per-head q_rope = x·Wq_rope and one k_rope = x_kv·Wk_rope
+//                       RoPE part: per-head q_rope = x_q·Wq_rope and one k_rope = x_kv·Wk_rope
 //                       shared by all heads; score = q_nope·k_nopeᵀ + q_rope·k_ropeᵀ.
+//   query LoRA          queries from x_q = RMSNorm(x·W_qa)·g_q (DeepSeek-V2/V3, Kimi): Wq and
+//                       Wq_rope then read the q_lora-wide x_q (x_q = x without one).
 #pragma once
 
 #include <cmath>
@@ -54,6 +56,8 @@ struct AttentionWeights {
   Vector kv_norm;   ///< MLA: RMSNorm gain of the latent (empty: no norm)
   Matrix Wq_rope;   ///< MLA: d_q × n_q·rope_dim
   Matrix Wk_rope;   ///< MLA: d_model_kv × rope_dim (one key RoPE part for all heads)
+  Matrix W_qa;      ///< query LoRA: d_model × q_lora (Wq, Wq_rope then have q_lora rows)
+  Vector q_norm;    ///< query LoRA: RMSNorm gain of x·W_qa (empty: no norm)
 
   /// The same weights rounded once to T.
   template <typename T>
@@ -64,6 +68,7 @@ struct AttentionWeights {
     out.Wq = c(Wq); out.Wk = c(Wk); out.Wv = c(Wv); out.Wo = c(Wo);
     out.bq = v(bq); out.bk = v(bk); out.bv = v(bv); out.bo = v(bo);
     out.W_dkv = c(W_dkv); out.kv_norm = v(kv_norm); out.Wq_rope = c(Wq_rope); out.Wk_rope = c(Wk_rope);
+    out.W_qa = c(W_qa); out.q_norm = v(q_norm);
     return out;
   }
 };
@@ -121,8 +126,13 @@ void validate_attention(const AttentionConfig& c, const AttentionWeights<S>& w) 
   } else if (w.Wq_rope.size() || w.Wk_rope.size()) {
     throw ShapeError("Wq_rope/Wk_rope are set but rope_dim is 0");
   }
-  for (const auto* m : {&w.Wq, &w.Wk, &w.Wv, &w.Wo, &w.W_dkv, &w.Wq_rope, &w.Wk_rope}) require_finite(*m, "an attention weight");
-  for (const auto* b : {&w.bq, &w.bk, &w.bv, &w.bo, &w.kv_norm}) require_finite(*b, "an attention bias");
+  if (w.W_qa.size() && w.W_qa.cols() != d_q)
+    throw ShapeError(message("W_qa is ", w.W_qa.rows(), "x", w.W_qa.cols(), ", expected ", d_q,
+                             " columns (the query LoRA width that Wq reads)"));
+  require_bias(w.q_norm, w.W_qa.size() ? d_q : 0, "q_norm");
+  for (const auto* m : {&w.Wq, &w.Wk, &w.Wv, &w.Wo, &w.W_dkv, &w.Wq_rope, &w.Wk_rope, &w.W_qa})
+    require_finite(*m, "an attention weight");
+  for (const auto* b : {&w.bq, &w.bk, &w.bv, &w.bo, &w.kv_norm, &w.q_norm}) require_finite(*b, "an attention bias");
 }
 
 }  // namespace detail

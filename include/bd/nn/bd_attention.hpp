@@ -13,6 +13,15 @@
 // RoPE rotates q and k by position and Wq·R·Wkᵀ ≠ B·R·[I, C]: QK is refused under vanilla
 // RoPE unless forced (then Q' and K' are rotated, an approximation). VO stays exact. MLA's
 // decoupled RoPE channels pass through unchanged.
+//
+// MLA over a LatentCache (c and k_rope per token, as serving engines cache it), from the same
+// prepared tensors. Prefill and chunked prefill: K'/V' of the whole context from the cached
+// latent by the fused projection above. Decoding absorbed, per head h with basis channels S_h
+// and the others R_h of the latent:
+//   scores: q'_h = x_q·B_h (+β_h), Q̃_h[S_h] = q'_h, Q̃_h[R_h] = q'_h·C_hᵀ   (Q̃_h·cᵀ = q'_h·K'_hᵀ)
+//   output: Õ_h = P_h·c,  O_h = Õ_h[S_h] + Õ_h[R_h]·C_h,  y = Σ_h O_h·B_h + bo'  (O_h = P_h·V'_h)
+// Against dense absorbed decoding (Q̃_h = Q_h·Wk_hᵀ, O_h = Õ_h·Wv_h) each token saves
+// n_q·d_h² multiply-adds per product; the cache is the same.
 #pragma once
 
 #include <string>
@@ -83,6 +92,7 @@ public:
   using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
   using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
   using Cache = KVCache<A>;
+  using Latent = LatentCache<A>;
 
   BDAttention() = default;
 
@@ -111,7 +121,7 @@ public:
         throw RefusedError("BD refused by the cost model: " + why + "; set CostPolicy::Warn or Allow to prepare it anyway");
       if (opts.cost_policy == CostPolicy::Warn) out.warnings_.push_back(why);
     }
-    out.d_q_ = w.Wq.rows();
+    out.d_q_ = detail::query_input_dim(w);
     out.d_kv_in_ = w.W_dkv.size() ? w.W_dkv.rows() : w.Wk.rows();
     if (has_qk(opts.mode)) {
       out.prepare_qk(w, opts.decomposition);
@@ -157,10 +167,10 @@ public:
               message("QK coefficients are ", bd.qk_coeff.rows(), "x", bd.qk_coeff.cols(), ", expected ", d_kv - dh, "x", n * dh));
       require(bd.qk_bias.size() == 0 || bd.qk_bias.size() == n * dh,
               message("QK bias has ", bd.qk_bias.size(), " values, expected ", n * dh));
-      out.d_q_ = bd.qk_basis.rows();
+      out.d_q_ = rest.W_qa.size() ? rest.W_qa.rows() : bd.qk_basis.rows();
     } else {
       require(rest.Wq.size() && rest.Wk.size(), "QK is not decomposed, so the dense Wq and Wk are needed");
-      out.d_q_ = rest.Wq.rows();
+      out.d_q_ = detail::query_input_dim(rest);
       d_kv = rest.Wk.rows();
     }
     if (has_vo(mode)) {
@@ -232,10 +242,101 @@ public:
     return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start);
   }
 
+  /// MLA prefill or chunked prefill (Algorithm 2 over the cached latent): appends x_new's
+  /// latents and attends to the whole context. Equal to forward() on the whole sequence.
+  Matrix prefill(const Matrix& x_new, Latent& cache) const {
+    detail::require_latent_layer(config_, dense_, "prefill over a latent cache");
+    require_inputs(x_new, x_new);
+    const Index start = cache.length();
+    detail::append_latent<A>(config_, dense_, x_new, cache);
+    const Matrix z = cache.latent();
+    const Projected p = keys_values(z, 0);  // keys of the whole context, positions 0…
+    return attend_and_output(x_new, p.K, p.V, cache.rope_keys(), start);
+  }
+
+  /// MLA decoding absorbed (see the file comment): only the latent cache is read.
+  Matrix decode_absorbed(const Matrix& x_new, Latent& cache) const {
+    detail::require_latent_layer(config_, dense_, "absorbed decoding");
+    require_inputs(x_new, x_new);
+    const AttentionConfig& c = config_;
+    const Index start = cache.length(), L = x_new.rows(), dh = c.head_dim, dv = c.value_dim();
+    detail::append_latent<A>(c, dense_, x_new, cache);
+    const Index dc = cache.latent_dim();
+    const Matrix xq = detail::q_source<A>(c, dense_, x_new);
+    Matrix Qt(L, c.n_q * dc);
+    if (has_qk(mode_)) {
+      Matrix Qb = xq * widen(Bq_);
+      add_bias(Qb, beta_);
+      const auto& Ck = widen(Ck_);
+      for (Index h = 0; h < c.n_q; ++h) {
+        const auto q = Qb.middleCols(h * dh, dh);
+        const Matrix rest = q * Ck.middleCols(h * dh, dh).transpose();  // L × (d_c − d_h)
+        scatter_head(Qt.middleCols(h * dc, dc), qk_idx_, h, q, rest);
+      }
+    } else {
+      Matrix Q = xq * widen(dense_.Wq);
+      add_bias(Q, dense_.bq);
+      const auto& Wk = widen(dense_.Wk);
+      for (Index h = 0; h < c.n_q; ++h)
+        Qt.middleCols(h * dc, dc).noalias() = Q.middleCols(h * dh, dh) * Wk.middleCols((h / c.group()) * dh, dh).transpose();
+    }
+    const Matrix Ot = detail::attend_latent<A>(c, dense_, xq, Qt, cache, start);
+    Matrix O(L, c.n_q * dv);
+    if (has_vo(mode_)) {
+      const auto& Cv = widen(Cv_);
+      for (Index h = 0; h < c.n_q; ++h)
+        gather_head(O.middleCols(h * dv, dv), vo_idx_, h, Ot.middleCols(h * dc, dc), Cv.middleCols(h * dv, dv));
+      Matrix y = O * widen(Bo_);
+      add_bias(y, bo_);
+      return y;
+    }
+    const auto& Wv = widen(dense_.Wv);
+    for (Index h = 0; h < c.n_q; ++h) {
+      const Index g = h / c.group();
+      O.middleCols(h * dv, dv).noalias() = Ot.middleCols(h * dc, dc) * Wv.middleCols(g * dv, dv);
+      if (dense_.bv.size()) O.middleCols(h * dv, dv).rowwise() += dense_.bv.segment(g * dv, dv).template cast<A>().transpose();
+    }
+    Matrix y = O * widen(dense_.Wo);
+    add_bias(y, dense_.bo);
+    return y;
+  }
+
 private:
   struct Projected {
     Matrix K, V, Kr;
   };
+
+  /// q̃[S_h] = q, q̃[R_h] = rest (R_h ascending): two block copies for a shared window.
+  template <typename Out, typename Q, typename Rest>
+  static void scatter_head(Out qt, const HeadIndices& idx, Index h, const Q& q, const Rest& rest) {
+    const Index d = idx.head_dim;
+    if (idx.shared) {
+      const Index o = idx.offset, after = qt.cols() - o - d;
+      qt.middleCols(o, d) = q;
+      qt.leftCols(o) = rest.leftCols(o);
+      qt.rightCols(after) = rest.rightCols(after);
+      return;
+    }
+    const auto& basis = idx.basis[static_cast<std::size_t>(h)];
+    const auto& others = idx.rest[static_cast<std::size_t>(h)];
+    for (Index k = 0; k < d; ++k) qt.col(basis[static_cast<std::size_t>(k)]) = q.col(k);
+    for (std::size_t k = 0; k < others.size(); ++k) qt.col(others[k]) = rest.col(static_cast<Index>(k));
+  }
+
+  /// o = õ[S_h] + õ[R_h]·C_h (R_h ascending): no gather for a shared window.
+  template <typename Out, typename In, typename Coeff>
+  static void gather_head(Out o, const HeadIndices& idx, Index h, const In& ot, const Coeff& C) {
+    const Index d = idx.head_dim;
+    if (idx.shared) {
+      const Index off = idx.offset, after = ot.cols() - off - d;
+      o = ot.middleCols(off, d);
+      o.noalias() += ot.leftCols(off) * C.topRows(off);
+      o.noalias() += ot.rightCols(after) * C.bottomRows(after);
+      return;
+    }
+    o = ot(Eigen::all, idx.basis[static_cast<std::size_t>(h)]);
+    o.noalias() += Matrix(ot(Eigen::all, idx.rest[static_cast<std::size_t>(h)])) * C;
+  }
 
   static decltype(auto) widen(const Stored& m) { return detail::widen<A>(m); }
   static void add_bias(Matrix& m, const StoredVector& b) { detail::add_bias<A>(m, b); }
@@ -317,7 +418,13 @@ private:
   }
 
   Projected project_kv(const Matrix& x_kv, Index first_position) const {
-    const Matrix z = detail::kv_source<A>(config_, dense_, x_kv);
+    Projected p = keys_values(detail::kv_source<A>(config_, dense_, x_kv), first_position);
+    p.Kr = detail::rope_keys<A>(config_, dense_, x_kv, first_position);
+    return p;
+  }
+
+  /// K' (or K) and V' (or V) from z, the key/value source.
+  Projected keys_values(const Matrix& z, Index first_position) const {
     const AttentionConfig& c = config_;
     Projected p;
     if (has_qk(mode_)) {
@@ -334,24 +441,24 @@ private:
       p.V = z * widen(dense_.Wv);
       add_bias(p.V, dense_.bv);
     }
-    p.Kr = detail::rope_keys<A>(c, dense_, x_kv, first_position);
     return p;
   }
 
   Matrix attend_and_output(const Matrix& x, const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& Kr,
                            Index first_position) const {
     const AttentionConfig& c = config_;
+    const Matrix xq = detail::q_source<A>(c, dense_, x);
     Matrix Q;
     if (has_qk(mode_)) {
-      Q = x * widen(Bq_);
+      Q = xq * widen(Bq_);
       add_bias(Q, beta_);
       if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, first_position);  // forced
     } else {
-      Q = x * widen(dense_.Wq);
+      Q = xq * widen(dense_.Wq);
       add_bias(Q, dense_.bq);
       if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, first_position);
     }
-    const Matrix O = detail::attend_heads<A>(c, dense_, x, Q, K, V, Kr, has_qk(mode_) ? c.n_q : c.n_kv,
+    const Matrix O = detail::attend_heads<A>(c, dense_, xq, Q, K, V, Kr, has_qk(mode_) ? c.n_q : c.n_kv,
                                              has_vo(mode_) ? c.n_q : c.n_kv, first_position);
     Matrix y;
     if (has_vo(mode_)) {
