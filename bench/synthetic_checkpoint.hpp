@@ -3,6 +3,8 @@
 // 16 heads, latent 512, nope 128, rope 64, v 128, no query LoRA) with a dense SwiGLU MLP of
 // width 5632 in place of the MoE, a 102400-token vocabulary and an untied head: 3.45 GB in bf16.
 // Values are uniform in ±1/√fan_in (full-rank products, the hard case for BD's error), seeded.
+// Every size is a member: `small()` is a few-MB stand-in for tests, q_lora > 0 gives V3's
+// query LoRA (q_a_proj, q_a_layernorm, q_b_proj) instead of q_proj.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +22,26 @@ namespace bd_bench {
 
 struct SyntheticCheckpoint {
   int layers = 27, hidden = 2048, heads = 16, latent = 512, nope = 128, rope = 64, v = 128, mlp = 5632, vocab = 102400;
+  int q_lora = 0;
   int shards = 4;
   std::uint64_t seed = 1;
+
+  /// A few MB with the same structure (tests, examples).
+  static SyntheticCheckpoint small(int q_lora_rank = 0) {
+    SyntheticCheckpoint c;
+    c.layers = 3;
+    c.hidden = 128;
+    c.heads = 4;
+    c.latent = 64;
+    c.nope = 16;
+    c.rope = 8;
+    c.v = 16;
+    c.mlp = 96;
+    c.vocab = 256;
+    c.q_lora = q_lora_rank;
+    c.shards = 2;
+    return c;
+  }
 
   /// Tensors in file order; shard s holds layers [s·L/S, (s+1)·L/S), the embedding goes first, the head last.
   std::vector<std::vector<bd::io::TensorSpec>> plan() const {
@@ -36,7 +56,13 @@ struct SyntheticCheckpoint {
       auto& s = out[static_cast<std::size_t>(l * shards / layers)];
       const std::string p = "model.layers." + std::to_string(l) + ".";
       s.push_back(N(p + "input_layernorm.weight", hidden));
-      s.push_back(W(p + "self_attn.q_proj.weight", heads * (nope + rope), hidden));
+      if (q_lora) {
+        s.push_back(W(p + "self_attn.q_a_proj.weight", q_lora, hidden));
+        s.push_back(N(p + "self_attn.q_a_layernorm.weight", q_lora));
+        s.push_back(W(p + "self_attn.q_b_proj.weight", heads * (nope + rope), q_lora));
+      } else {
+        s.push_back(W(p + "self_attn.q_proj.weight", heads * (nope + rope), hidden));
+      }
       s.push_back(W(p + "self_attn.kv_a_proj_with_mqa.weight", latent + rope, hidden));
       s.push_back(N(p + "self_attn.kv_a_layernorm.weight", latent));
       s.push_back(W(p + "self_attn.kv_b_proj.weight", heads * (nope + v), latent));
@@ -62,7 +88,7 @@ struct SyntheticCheckpoint {
   std::uint64_t write(const std::string& dir) const {
     namespace fs = std::filesystem;
     fs::create_directories(dir);
-    nlohmann::ordered_json config = {{"architectures", {"DeepseekV2ForCausalLM"}},
+    nlohmann::ordered_json config = nlohmann::ordered_json{{"architectures", {"DeepseekV2ForCausalLM"}},
                                      {"model_type", "deepseek_v2"},
                                      {"hidden_size", hidden},
                                      {"intermediate_size", mlp},
@@ -70,7 +96,7 @@ struct SyntheticCheckpoint {
                                      {"num_attention_heads", heads},
                                      {"num_key_value_heads", heads},
                                      {"kv_lora_rank", latent},
-                                     {"q_lora_rank", nullptr},
+                                     {"q_lora_rank", q_lora ? nlohmann::json(q_lora) : nlohmann::json(nullptr)},
                                      {"qk_nope_head_dim", nope},
                                      {"qk_rope_head_dim", rope},
                                      {"v_head_dim", v},

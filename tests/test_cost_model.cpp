@@ -78,3 +78,55 @@ TEST_CASE("MHA: BD never costs more and its parameter count matches the stored t
     CHECK(double(bda.parameters()) == bda.cost().bd.parameters);
   }
 }
+
+TEST_CASE("MLA served absorbed: DeepSeek-V3's figures by hand, and BD is never refused there", "[cost][mla]") {
+  // 128 heads, hidden 7168, query LoRA 1536, latent 512, nope 128, rope 64, v 128.
+  AttentionShape s;
+  s.config.n_q = s.config.n_kv = 128;
+  s.config.head_dim = 128;
+  s.config.v_head_dim = 128;
+  s.config.rope_dim = 64;
+  s.d_q = 1536;
+  s.d_model_q = 7168;
+  s.d_kv = 512;
+  s.d_model_kv = 7168;
+  s.d_out = 7168;
+  s.latent = true;
+  const auto m = bd::nn::mla_cost(s, Mode::QKVO);
+  // The same for both: latent and k_rope (576·(2·7168 − 1)), query LoRA (1536·14335),
+  // q_nope (128·128·(2·1536 − 1)), q_rope (128·64·3071), o_proj (7168·(2·16384 − 1)).
+  const double common = 576.0 * 14335 + 1536.0 * 14335 + 128.0 * 128 * 3071 + 128.0 * 64 * 3071 + 7168.0 * 32767;
+  CHECK(common == 340622272.0);
+  // Absorbed: Q̃ = q·W_ukᵀ, 512 outputs of length-128 dots per head, 384 with BD; O = Õ·W_uv,
+  // 128 outputs of length-512 dots per head, 2·384 FLOPs each with BD.
+  CHECK(m.decode_dense == common + 128.0 * 512 * 255 + 128.0 * 128 * 1023);
+  CHECK(m.decode_bd == common + 128.0 * 384 * 255 + 128.0 * 128 * 768);
+  CHECK(m.decode_dense - m.decode_bd == 8355840.0);  // n·d_h·255 + n·d_v·255: ≈ n·d_h² per product
+  // Prefill recomputes K'/V' from the latent: the up-projections lose 1023/768 = 1.33x.
+  CHECK(m.prefill_dense == common + 2 * 128.0 * 128 * 1023);
+  CHECK(m.prefill_bd == common + 2 * 128.0 * 128 * 768);
+  // Parameters: W_uk, W_uv (512 × 16384 each) become C (384 × 16384): 25 % of them.
+  CHECK(m.parameters_dense - m.parameters_bd == 2 * 128.0 * 16384);
+  CHECK(m.cache_values == 576);
+  CHECK(m.worthwhile());
+  CHECK_THAT(m.describe(), Contains("latent cache 576 values/token for both"));
+  // The attention over the context is the same for both and left out of the figures.
+  CHECK(m.context_flops(1024, s) == 128.0 * (1024 * (2 * 576 - 1) + 512.0 * 2047));
+  AttentionShape plain = s;
+  plain.latent = false;
+  BD_CHECK_THROWS_CONTAINING(bd::nn::mla_cost(plain, Mode::QKVO), bd::RangeError, Contains("reads no latent"));
+}
+
+TEST_CASE("MLA layers with a query LoRA are prepared, not refused, and cost as counted", "[cost][mla]") {
+  bd_test::LayerSpec spec;
+  spec.d_q = spec.d_out = spec.d_model_kv = 40;
+  spec.d_kv = 32;
+  spec.rope_dim = 4;
+  spec.q_lora = 24;
+  const auto layer = bd_test::random_attention(spec, 2);
+  const auto bd = BDAttention<double>::prepare(layer, BDAttentionOptions{});  // CostPolicy::Refuse
+  const auto m = bd::nn::mla_cost(AttentionShape::of(layer.config(), layer.weights()), Mode::QKVO);
+  CHECK(m.decode_bd < m.decode_dense);
+  CHECK(m.prefill_bd < m.prefill_dense);
+  CHECK(bd.parameters() > 0);
+}

@@ -323,3 +323,70 @@ TEST_CASE("an FP8 checkpoint converts to the same BD tensors as its dequantized 
   fs::remove(a);
   fs::remove(b);
 }
+
+namespace {
+
+/// A DeepSeek-V2/V3-layout folder (one layer, f32, sharded in two): the whole MLA layer.
+fs::path deepseek_folder(const std::string& name, bool q_lora) {
+  const fs::path dir = fs::temp_directory_path() / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const Eigen::Index d = 40, n = 4, nope = 8, rope = 4, dv = 8, lora = 32, ql = 24;
+  nlohmann::json config = {{"model_type", "deepseek_v3"}, {"hidden_size", d}, {"num_attention_heads", n},
+                           {"num_hidden_layers", 2},     {"kv_lora_rank", lora}, {"qk_nope_head_dim", nope},
+                           {"qk_rope_head_dim", rope},   {"v_head_dim", dv},     {"rope_theta", 10000.0},
+                           {"rms_norm_eps", 1e-6},       {"q_lora_rank", q_lora ? nlohmann::json(ql) : nlohmann::json(nullptr)}};
+  std::ofstream(dir / "config.json") << config.dump();
+  bd::io::Writer w;
+  auto g = [](Eigen::Index r, Eigen::Index c, unsigned seed) { return Eigen::MatrixXd(bd_test::gaussian(r, c, seed) / std::sqrt(double(c))); };
+  for (int l = 0; l < 2; ++l) {
+    const std::string P = "model.layers." + std::to_string(l) + ".self_attn.";
+    const unsigned s = 100 + 10 * unsigned(l);
+    if (q_lora) {
+      w.add<float>(P + "q_a_proj.weight", g(ql, d, s));
+      w.add_vector<float>(P + "q_a_layernorm.weight", Eigen::VectorXd(bd_test::gaussian(ql, 1, s + 1).array().abs() + 0.5));
+      w.add<float>(P + "q_b_proj.weight", g(n * (nope + rope), ql, s + 2));
+    } else {
+      w.add<float>(P + "q_proj.weight", g(n * (nope + rope), d, s + 2));
+    }
+    w.add<float>(P + "kv_a_proj_with_mqa.weight", g(lora + rope, d, s + 3));
+    w.add_vector<float>(P + "kv_a_layernorm.weight", Eigen::VectorXd(bd_test::gaussian(lora, 1, s + 4).array().abs() + 0.5));
+    w.add<float>(P + "kv_b_proj.weight", g(n * (nope + dv), lora, s + 5));
+    w.add<float>(P + "o_proj.weight", g(d, n * dv, s + 6));
+  }
+  w.write((dir / "model.safetensors").string());
+  shard_folder(dir, 2);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("DeepSeek-V2/V3 folders, with and without query LoRA, read back as MLA that prefills and decodes absorbed",
+          "[io][convert][reader][deepseek][mla]") {
+  for (const bool q_lora : {false, true})
+    for (const auto mode : {bd::nn::Mode::QKVO, bd::nn::Mode::QK, bd::nn::Mode::VO}) {
+      INFO("q_lora " << q_lora << ", mode " << bd::nn::to_string(mode));
+      const fs::path in = deepseek_folder("bd_convert_ds", q_lora), out = fs::temp_directory_path() / "bd_convert_ds_out";
+      fs::remove_all(out);
+      auto o = options(mode);
+      o.arch = bd::io::Arch::DeepSeekV2;
+      bd::io::convert_checkpoint(in.string(), out.string(), o);
+      const auto dense = bd::io::load_attention<double>(in.string(), bd::io::Arch::DeepSeekV2);
+      const auto layers = bd::io::load_bd_attention<float>(out.string());
+      REQUIRE(layers.size() == 2);
+      for (std::size_t l = 0; l < 2; ++l) {
+        const Eigen::MatrixXd x = bd_test::gaussian(6, 40, 120 + unsigned(l));
+        const Eigen::MatrixXd y = dense[l].forward(x);  // the reference, in double
+        const Eigen::MatrixXf xf = x.cast<float>();
+        CHECK(bd_test::max_rel(layers[l].forward(xf), y) <= bd_test::kFp32OperatorBound);
+        bd::nn::LatentCache<float> cache;
+        Eigen::MatrixXf got(6, 40);
+        got.topRows(4) = layers[l].prefill(xf.topRows(4), cache);
+        got.row(4) = layers[l].decode_absorbed(xf.row(4), cache);
+        got.row(5) = layers[l].decode_absorbed(xf.row(5), cache);
+        CHECK(bd_test::max_rel(got, y) <= bd_test::kFp32OperatorBound);
+      }
+      fs::remove_all(out);
+      fs::remove_all(in);
+    }
+}

@@ -4,8 +4,9 @@
 // a single .safetensors file with the model's config.json beside it. The file's bd.format must
 // be 1, and every tensor's presence, dtype and shape is checked against config.json.
 //
-// Layers of GPT-2, BERT and LLaMA checkpoints are read back; DeepSeek-V2 (MLA) layers are
-// refused with a message until bd::nn has MLA with query LoRA.
+// Layers of every layout bd-convert writes are read back: GPT-2, BERT, LLaMA, and DeepSeek-V2/V3
+// as whole MLA layers (query LoRA, latent, decoupled RoPE) that prefill and decode absorbed over
+// a LatentCache.
 #pragma once
 
 #include <string>

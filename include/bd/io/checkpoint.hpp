@@ -11,6 +11,7 @@
 //   llama        P = model.layers.{l}.self_attn  {q,k,v,o}_proj [out, in], optional q/k/v biases, GQA, RoPE
 //   deepseek-v2  P = model.layers.{l}.self_attn  q_proj (or q_a_proj/q_a_layernorm/q_b_proj),
 //                kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj (per head: k_nope rows, then v rows), o_proj
+//                (read as the whole MLA layer: query LoRA, latent, decoupled RoPE; also for V3)
 //                kept: P.q_rope_proj.weight / P.q_b_rope_proj.weight (the RoPE rows of the query
 //                projection, qk), P.kv_b_proj_v.weight (qk only), P.kv_b_proj_k.weight (vo only)
 #pragma once
@@ -28,6 +29,7 @@
 #include "bd/io/model_folder.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/llama.hpp"
+#include "bd/nn/multi_head_attention.hpp"
 
 namespace bd::io {
 
@@ -249,12 +251,12 @@ inline AttentionLayout linear_layout(const ModelFolder& m, std::string prefix, n
   a.load = [&m, q, k, v, o, d, dq, dkv, b = std::vector<bool>(bias, bias + 4), qk = present[0], vo = present[2]] {
     nn::AttentionWeights<double> w;
     if (qk) {
-      w.Wq = m.matrix(q + ".weight", dq, d).transpose();
-      w.Wk = m.matrix(k + ".weight", dkv, d).transpose();
+      w.Wq = m.linear(q + ".weight", dq, d);
+      w.Wk = m.linear(k + ".weight", dkv, d);
     }
     if (vo) {
-      w.Wv = m.matrix(v + ".weight", dkv, d).transpose();
-      w.Wo = m.matrix(o + ".weight", d, dq).transpose();
+      w.Wv = m.linear(v + ".weight", dkv, d);
+      w.Wo = m.linear(o + ".weight", d, dq);
     }
     if (b[0]) w.bq = vector(m, q + ".bias", dq);
     if (b[1]) w.bk = vector(m, k + ".bias", dkv);
@@ -302,11 +304,11 @@ inline std::vector<AttentionLayout> llama_layers(const ModelFolder& m, std::opti
   return out;
 }
 
+/// DeepSeek-V2/V3 (MLA): the whole layer — query LoRA (q_a_proj, q_a_layernorm, q_b_proj) or
+/// q_proj, the latent (kv_a_proj_with_mqa: d_c rows, then the shared RoPE key's), its norm,
+/// kv_b_proj (per head: nope key rows, then value rows) and o_proj; [out, in], transposed.
+/// The softmax scale is 1/√(nope + rope), times mscale² under YaRN (rope_scaling.mscale_all_dim).
 inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
-  if (converted)
-    throw RangeError(message(m.dir(), ": reading a DeepSeek-V2 BD checkpoint back into bd::nn needs the MLA operator with "
-                                      "query LoRA and the latent cache, which bd::nn does not have yet; the products can be "
-                                      "rebuilt by the documented rule"));
   const nlohmann::json& j = m.config();
   const std::string& where = m.config_path();
   const Eigen::Index d = config_int(j, {"hidden_size"}, where);
@@ -318,6 +320,16 @@ inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::o
   const Eigen::Index dv = config_int(j, {"v_head_dim"}, where);
   const bool q_lora = j.contains("q_lora_rank") && !j.at("q_lora_rank").is_null();
   const Eigen::Index d_q = q_lora ? config_int(j, {"q_lora_rank"}, where) : d;
+  double scale = 1.0 / std::sqrt(double(nope + rope));
+  if (j.contains("rope_scaling") && j.at("rope_scaling").is_object()) {
+    const auto& r = j.at("rope_scaling");
+    const double factor = r.value("factor", 1.0), mscale_all = r.value("mscale_all_dim", 0.0);
+    if (factor > 1 && mscale_all > 0) {
+      const double mscale = 0.1 * mscale_all * std::log(factor) + 1.0;
+      scale *= mscale * mscale;
+    }
+  }
+  const bool qk_gone = converted && nn::has_qk(*converted), vo_gone = converted && nn::has_vo(*converted);
   std::vector<Eigen::Index> q_nope_rows, q_rope_rows, k_rows, v_rows;
   for (Eigen::Index h = 0; h < heads; ++h) {
     for (Eigen::Index i = 0; i < nope; ++i) q_nope_rows.push_back(h * (nope + rope) + i);
@@ -334,29 +346,62 @@ inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::o
     a.config.head_dim = nope;
     a.config.v_head_dim = dv;
     a.config.causal = true;
-    a.config.scale = 1.0 / std::sqrt(double(nope + rope));
+    a.config.scale = scale;
+    a.config.rope_dim = rope;
+    a.config.rope_dim_theta = j.value("rope_theta", 10000.0);
+    a.config.norm_eps = j.value("rms_norm_eps", 1e-6);
     a.d_q = d_q;
     a.d_kv = kv_lora;
     a.d_out = d;
     const std::string q_name = p + (q_lora ? "q_b_proj.weight" : "q_proj.weight"), kv_b = p + "kv_b_proj.weight",
-                      o = p + "o_proj.weight";
-    m.require_weight(q_name, heads * (nope + rope), d_q);  // [out, in]
-    m.require_weight(kv_b, heads * (nope + dv), kv_lora);
-    m.require_weight(o, d, heads * dv);
-    a.load = [&m, q_name, kv_b, o, heads, nope, rope, dv, d, d_q, kv_lora, q_nope_rows, k_rows, v_rows] {
+                      o = p + "o_proj.weight", q_a = p + "q_a_proj.weight", q_a_norm = p + "q_a_layernorm.weight",
+                      kv_a = p + "kv_a_proj_with_mqa.weight", kv_a_norm = p + "kv_a_layernorm.weight",
+                      q_rope_kept = p + (q_lora ? "q_b_rope_proj.weight" : "q_rope_proj.weight"),
+                      kv_b_v = p + "kv_b_proj_v.weight", kv_b_k = p + "kv_b_proj_k.weight";
+    // What this checkpoint holds: the source tensors, or what a conversion kept.
+    m.require_weight(kv_a, kv_lora + rope, d);
+    const bool latent_norm = optional_weight(m, kv_a_norm, kv_lora, 1);
+    const bool q_norm = q_lora && optional_weight(m, q_a_norm, d_q, 1);
+    if (q_lora) m.require_weight(q_a, d_q, d);
+    m.require_weight(qk_gone ? q_rope_kept : q_name, heads * (qk_gone ? rope : nope + rope), d_q);
+    if (!qk_gone && !vo_gone) m.require_weight(kv_b, heads * (nope + dv), kv_lora);
+    if (qk_gone && !vo_gone) m.require_weight(kv_b_v, heads * dv, kv_lora);
+    if (!qk_gone && vo_gone) m.require_weight(kv_b_k, heads * nope, kv_lora);
+    if (!vo_gone) m.require_weight(o, d, heads * dv);
+    a.load = [=, &m] {
       nn::AttentionWeights<double> w;
-      w.Wq = m.matrix(q_name, heads * (nope + rope), d_q)(q_nope_rows, Eigen::all).transpose();  // d_q × n·nope
-      const Eigen::MatrixXd kv = m.matrix(kv_b, heads * (nope + dv), kv_lora);
-      w.Wk = kv(k_rows, Eigen::all).transpose();  // kv_lora × n·nope (W_uk)
-      w.Wv = kv(v_rows, Eigen::all).transpose();  // kv_lora × n·dv (W_uv)
-      w.Wo = m.matrix(o, d, heads * dv).transpose();  // n·dv × d
+      const Eigen::MatrixXd latent = m.linear(kv_a, kv_lora + rope, d);  // d × (d_c + rope)
+      w.W_dkv = latent.leftCols(kv_lora);
+      w.Wk_rope = latent.rightCols(rope);
+      if (latent_norm) w.kv_norm = vector(m, kv_a_norm, kv_lora);
+      if (q_lora) {
+        w.W_qa = m.linear(q_a, d_q, d);  // d × q_lora
+        if (q_norm) w.q_norm = vector(m, q_a_norm, d_q);
+      }
+      if (qk_gone) {
+        w.Wq_rope = m.linear(q_rope_kept, heads * rope, d_q);
+      } else {
+        const Eigen::MatrixXd q = m.linear(q_name, heads * (nope + rope), d_q);  // d_q × n·(nope + rope)
+        w.Wq = q(Eigen::all, q_nope_rows);       // d_q × n·nope
+        w.Wq_rope = q(Eigen::all, q_rope_rows);  // d_q × n·rope
+      }
+      if (!qk_gone && !vo_gone) {
+        const Eigen::MatrixXd kv = m.linear(kv_b, heads * (nope + dv), kv_lora);  // d_c × n·(nope + dv)
+        w.Wk = kv(Eigen::all, k_rows);  // W_uk
+        w.Wv = kv(Eigen::all, v_rows);  // W_uv
+      } else if (qk_gone && !vo_gone) {
+        w.Wv = m.linear(kv_b_v, heads * dv, kv_lora);
+      } else if (!qk_gone && vo_gone) {
+        w.Wk = m.linear(kv_b_k, heads * nope, kv_lora);
+      }
+      if (!vo_gone) w.Wo = m.linear(o, d, heads * dv);  // n·dv × d
       return w;
     };
     a.qk_sources = {q_name, kv_b};
     a.vo_sources = {kv_b, o};
-    a.keep_with_qk.push_back({p + (q_lora ? "q_b_rope_proj.weight" : "q_rope_proj.weight"), q_name, 0, q_rope_rows});
-    a.keep_without_vo.push_back({p + "kv_b_proj_v.weight", kv_b, 0, v_rows});
-    a.keep_without_qk.push_back({p + "kv_b_proj_k.weight", kv_b, 0, k_rows});
+    a.keep_with_qk.push_back({q_rope_kept, q_name, 0, q_rope_rows});
+    a.keep_without_vo.push_back({kv_b_v, kv_b, 0, v_rows});
+    a.keep_without_qk.push_back({kv_b_k, kv_b, 0, k_rows});
     out.push_back(std::move(a));
   }
   return out;
@@ -376,6 +421,16 @@ inline std::vector<AttentionLayout> attention_layers(Arch arch, const ModelFolde
     case Arch::DeepSeekV2: return detail::deepseek_layers(folder, converted);
   }
   return {};
+}
+
+/// Every attention layer of a model folder (or file) as a dense layer, weights rounded once to
+/// S: the reference a converted or BD-prepared layer is checked against.
+template <typename S = double>
+std::vector<nn::MultiHeadAttention<S>> load_attention(const std::string& path, Arch arch) {
+  const ModelFolder m = ModelFolder::open(path);
+  std::vector<nn::MultiHeadAttention<S>> out;
+  for (const AttentionLayout& a : attention_layers(arch, m)) out.emplace_back(a.config, a.load().template cast<S>());
+  return out;
 }
 
 }  // namespace bd::io

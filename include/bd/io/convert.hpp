@@ -430,8 +430,7 @@ inline ConvertReport convert_checkpoint(const std::string& input_dir, const std:
         lr.bytes_written += bytes[i].size();
       }
       bytes.clear();
-      for (const std::string& name : plan.consumed) m.release(name);
-      for (const KeptPart& k : plan.kept) m.release(k.source);
+      m.release_prefix(layout.prefix + ".");  // everything the layer read (kept parts included)
       lr.seconds = std::chrono::duration<double>(clock::now() - step_start).count();
       report.bytes_in += lr.bytes_read;
       report.bytes_out += lr.bytes_written;

@@ -29,14 +29,13 @@ nn::LlamaModel<S, Attention> llama_model(const ModelFolder& m, MakeAttention att
   const Eigen::Index d = c.hidden, ff = c.intermediate;
   model.embedding = stored(m.matrix("model.embed_tokens.weight", c.vocab, d));
   const bool tied = m.config().value("tie_word_embeddings", false) || !m.contains("lm_head.weight");
-  model.lm_head = stored(m.matrix(tied ? "model.embed_tokens.weight" : "lm_head.weight", c.vocab, d).transpose());
+  model.lm_head = stored(m.linear(tied ? "model.embed_tokens.weight" : "lm_head.weight", c.vocab, d));
   model.final_norm = vec("model.norm.weight", d);
   for (Eigen::Index l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     model.layers.push_back({vec(p + "input_layernorm.weight", d), vec(p + "post_attention_layernorm.weight", d), attention(l),
-                            stored(m.matrix(p + "mlp.gate_proj.weight", ff, d).transpose()),
-                            stored(m.matrix(p + "mlp.up_proj.weight", ff, d).transpose()),
-                            stored(m.matrix(p + "mlp.down_proj.weight", d, ff).transpose())});
+                            stored(m.linear(p + "mlp.gate_proj.weight", ff, d)), stored(m.linear(p + "mlp.up_proj.weight", ff, d)),
+                            stored(m.linear(p + "mlp.down_proj.weight", d, ff))});
   }
   return model;
 }

@@ -151,9 +151,20 @@ public:
   Eigen::MatrixXd matrix(const std::string& name, Eigen::Index rows, Eigen::Index cols) const {
     const TensorInfo& t = require_weight(name, rows, cols);
     Eigen::MatrixXd m = file_of(name).matrix<double>(name);
-    if (t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2) scale_blocks(name, m);
+    if (t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2) scale_blocks(name, m, /*transposed=*/false);
     bd::detail::require_finite(m, name);
     return m;
+  }
+
+  /// An nn.Linear weight stored [out, in], in x·W orientation (in × out), checked like matrix():
+  /// its row-major bytes are a column-major in × out matrix already, decoded without a shuffle.
+  Eigen::MatrixXd linear(const std::string& name, Eigen::Index out, Eigen::Index in) const {
+    const TensorInfo& t = require_weight(name, out, in);
+    Eigen::MatrixXd w(in, out);
+    detail::decode_into(file_of(name).bytes(name), t.dtype, t.numel, w.data());
+    if (t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2) scale_blocks(name, w, /*transposed=*/true);
+    bd::detail::require_finite(w, name);
+    return w;
   }
 
   /// A vector [n] in double when the tensor exists.
@@ -166,6 +177,12 @@ public:
   void release(const std::string& name) const {
     file_of(name).release(name);
     if (contains(scale_name(name))) file_of(scale_name(name)).release(scale_name(name));
+  }
+
+  /// Drops the mapped pages of every tensor whose name starts with `prefix` (a layer's).
+  void release_prefix(const std::string& prefix) const {
+    for (auto it = where_.lower_bound(prefix); it != where_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+      shards_[it->second].tensors.release(it->first);
   }
 
 private:
@@ -191,7 +208,17 @@ private:
     if (!duplicate.empty()) throw FormatError(message(path, ": tensor '", duplicate, "' is listed twice in weight_map"));
     if (!index.contains("weight_map") || !index.at("weight_map").is_object())
       throw FormatError(message(path, ": lacks the object 'weight_map' (tensor name → shard file)"));
+    // Shards in file-name order (model-00001-of-…, …), whatever order the index lists tensors in.
     std::map<std::string, std::size_t> shard_index;
+    std::set<std::string> files;
+    for (const auto& [name, file] : index.at("weight_map").items())
+      if (file.is_string()) files.insert(file.get<std::string>());
+    for (const std::string& f : files)
+      if (!f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos && f.find('\\') == std::string::npos &&
+          file_exists(dir_ + "/" + f)) {
+        shard_index.emplace(f, shards_.size());
+        shards_.push_back({f, SafeTensors::open(dir_ + "/" + f)});
+      }
     for (const auto& [name, file] : index.at("weight_map").items()) {
       if (!file.is_string())
         throw FormatError(message(path, ": weight_map['", name, "'] is ", file.dump(), ", expected a shard file name"));
@@ -199,13 +226,9 @@ private:
       if (f.empty() || f == "." || f == ".." || f.find('/') != std::string::npos || f.find('\\') != std::string::npos)
         throw FormatError(message(path, ": weight_map['", name, "'] names '", f,
                                   "', expected a file name inside the model folder (no path)"));
-      auto it = shard_index.find(f);
-      if (it == shard_index.end()) {
-        if (!file_exists(dir_ + "/" + f))
-          throw FormatError(message(path, ": shard '", f, "' (holding '", name, "') is missing from ", dir_));
-        it = shard_index.emplace(f, shards_.size()).first;
-        shards_.push_back({f, SafeTensors::open(dir_ + "/" + f)});
-      }
+      const auto it = shard_index.find(f);  // every existing shard was opened above
+      if (it == shard_index.end())
+        throw FormatError(message(path, ": shard '", f, "' (holding '", name, "') is missing from ", dir_));
       const SafeTensors& st = shards_[it->second].tensors;
       if (!st.contains(name))
         throw FormatError(message(path, ": lists tensor '", name, "' in shard '", f, "', which lacks it"));
@@ -224,8 +247,9 @@ private:
       }
   }
 
-  /// m ← m ⊙ scales expanded over b_r × b_c blocks.
-  void scale_blocks(const std::string& name, Eigen::MatrixXd& m) const {
+  /// m ← m ⊙ scales expanded over b_r × b_c blocks of the stored tensor (m holds its transpose
+  /// when `transposed`).
+  void scale_blocks(const std::string& name, Eigen::MatrixXd& m, bool transposed) const {
     using bd::detail::message;
     const std::string scales = scale_name(name);
     if (!contains(scales))
@@ -243,7 +267,8 @@ private:
         bc = b[1].get<Eigen::Index>();
       }
     }
-    const Eigen::Index gr = (m.rows() + br - 1) / br, gc = (m.cols() + bc - 1) / bc;
+    const Eigen::Index rows = transposed ? m.cols() : m.rows(), cols = transposed ? m.rows() : m.cols();
+    const Eigen::Index gr = (rows + br - 1) / br, gc = (cols + bc - 1) / bc;
     const TensorInfo& s = info(scales);
     const auto [sr, sc] = s.matrix_shape();
     if (s.dtype != DType::F32 && s.dtype != DType::BF16 && s.dtype != DType::F16)
@@ -251,11 +276,11 @@ private:
                                 ", expected F32"));
     if (s.shape.size() != 2 || sr != gr || sc != gc)
       throw FormatError(message(file_of(scales).source(), ": block scales '", scales, "' are ", sr, "x", sc, ", expected ", gr,
-                                "x", gc, " for a ", m.rows(), "x", m.cols(), " weight in ", br, "x", bc, " blocks"));
+                                "x", gc, " for a ", rows, "x", cols, " weight in ", br, "x", bc, " blocks"));
     const Eigen::MatrixXd scale = file_of(scales).matrix<double>(scales);
     bd::detail::require_finite(scale, scales);
     for (Eigen::Index j = 0; j < m.cols(); ++j)
-      for (Eigen::Index i = 0; i < m.rows(); ++i) m(i, j) *= scale(i / br, j / bc);
+      for (Eigen::Index i = 0; i < m.rows(); ++i) m(i, j) *= transposed ? scale(j / br, i / bc) : scale(i / br, j / bc);
   }
 
   std::string dir_, config_path_;

@@ -5,6 +5,14 @@
 // window adds one). BD works per query head, so with grouped-query attention (g = n_q/n_kv)
 // K'/V' get n_q heads: the projection is slower when g > (2d − 1)/(2(d − d_h)) and the KV cache
 // grows g-fold. BDAttention refuses such a mode unless told otherwise, with these figures.
+//
+// MLA (mla_cost) is served from a latent cache of d_c + d_rope values per token, dense or BD.
+// Decoding absorbed, per token: the query absorption Q̃_h = Q_h·W_uk,hᵀ costs n·d_c·(2d_h − 1)
+// dense and n·(d_c − d_h)·(2d_h − 1) with BD (Q̃[S] is q' itself); the output absorption
+// O_h = Õ_h·W_uv,h costs n·d_v·(2d_c − 1) dense and n·d_v·2(d_c − d_v) with BD. The rest (latent,
+// query LoRA, q, q_rope, o_proj) is the same, and so is attention over the T cached tokens,
+// n·(T·(2(d_c + d_rope) − 1) + d_c·(2T − 1)), which the figures leave out. Prefill (Algorithm 2)
+// recomputes K'/V' from the latent: the k and v up-projections of attention_cost.
 #pragma once
 
 #include <string>
@@ -40,6 +48,7 @@ struct AttentionCost {
 struct AttentionShape {
   AttentionConfig config;
   Index d_q = 0, d_kv = 0, d_out = 0, d_model_kv = 0;
+  Index d_model_q = 0;  ///< the query input's width: d_q, or the model width before a query LoRA
   bool latent = false;
 
   template <typename S>
@@ -51,6 +60,7 @@ struct AttentionShape {
     s.d_out = w.Wo.cols();
     s.latent = w.W_dkv.size() != 0;
     s.d_model_kv = s.latent ? w.W_dkv.rows() : s.d_kv;
+    s.d_model_q = w.W_qa.size() ? w.W_qa.rows() : s.d_q;
     return s;
   }
 };
@@ -83,6 +93,7 @@ inline CostComparison attention_cost(const AttentionShape& s, Mode mode) {
   dense.o_flops = double(s.d_out) * dot_flops(c.n_q * c.value_dim());
   if (s.latent) dense.other_flops += double(s.d_kv) * dot_flops(s.d_model_kv);
   if (c.rope_dim) dense.other_flops += nq * dr * dot_flops(s.d_q) + dr * dot_flops(s.d_model_kv);
+  if (s.d_model_q != s.d_q && s.d_model_q > 0) dense.other_flops += double(s.d_q) * dot_flops(s.d_model_q);  // query LoRA
   dense.parameters = double(s.d_q) * nq * dh + double(s.d_kv) * nkv * (dh + dv) + nq * dv * double(s.d_out);
   dense.cache_elements = nkv * (dh + dv) + dr;
 
@@ -100,6 +111,50 @@ inline CostComparison attention_cost(const AttentionShape& s, Mode mode) {
     bd.cache_elements += (nq - nkv) * dv;
   }
   return {dense, bd, mode};
+}
+
+/// MLA served from the latent cache: per decoded token (absorbed) and per prefill token, the
+/// projections' FLOPs (see the file comment), parameters and cached values, dense against BD.
+struct MLACost {
+  Mode mode = Mode::QKVO;
+  double decode_dense = 0, decode_bd = 0;    ///< FLOPs per decoded token, absorbed, projections only
+  double prefill_dense = 0, prefill_bd = 0;  ///< FLOPs per prefill token (Algorithm 2)
+  double parameters_dense = 0, parameters_bd = 0;
+  double cache_values = 0;                   ///< per token: d_c + d_rope, the same for both
+
+  /// The attention over `context` cached tokens per decoded token, equal for both.
+  double context_flops(double context, const AttentionShape& s) const {
+    const double n = double(s.config.n_q), dc = double(s.d_kv), dr = double(s.config.rope_dim);
+    return n * (context * (2.0 * (dc + dr) - 1.0) + dc * (2.0 * context - 1.0));
+  }
+  bool worthwhile() const { return decode_bd <= decode_dense && prefill_bd <= prefill_dense; }
+
+  std::string describe() const {
+    return bd::detail::message("MLA ", to_string(mode), ": decode ", decode_bd, " FLOPs/token against ", decode_dense,
+                               " dense (absorbed, projections), prefill ", prefill_bd, " against ", prefill_dense,
+                               ", parameters ", parameters_bd, " against ", parameters_dense, ", latent cache ", cache_values,
+                               " values/token for both");
+  }
+};
+
+inline MLACost mla_cost(const AttentionShape& s, Mode mode) {
+  if (!s.latent) throw RangeError("mla_cost: the layer reads no latent (W_dkv); use attention_cost");
+  const AttentionConfig& c = s.config;
+  const CostComparison per_token = attention_cost(s, mode);  // prefill: K/V recomputed from the latent
+  const double n = double(c.n_q), dh = double(c.head_dim), dv = double(c.value_dim()), dc = double(s.d_kv);
+  MLACost m;
+  m.mode = mode;
+  m.prefill_dense = per_token.dense.flops();
+  m.prefill_bd = per_token.bd.flops();
+  m.parameters_dense = per_token.dense.parameters;
+  m.parameters_bd = per_token.bd.parameters;
+  m.cache_values = dc + double(c.rope_dim);
+  const double common = per_token.dense.q_flops + per_token.dense.o_flops + per_token.dense.other_flops;
+  const double absorb_q = n * dc * dot_flops(c.head_dim), absorb_o = n * dv * dot_flops(s.d_kv);
+  m.decode_dense = common + absorb_q + absorb_o;
+  m.decode_bd = common + (has_qk(mode) ? n * (dc - dh) * dot_flops(c.head_dim) : absorb_q) +
+                (has_vo(mode) ? n * dv * 2.0 * (dc - dv) : absorb_o);
+  return m;
 }
 
 }  // namespace bd::nn
