@@ -7,8 +7,9 @@
 //                                every implementation writes into a preallocated y;
 //   linear_cpu_<isa>/bd/<shape>  BDLinear with its kernels forced to each instruction set.
 //
-// The attention layer is DeepSeek-V3's MLA at full size except its query LoRA (bd's MLA reads
-// queries straight from x): hidden 7168, 128 heads, latent 512, d_h = 128, decoupled RoPE 64.
+// The attention layer is DeepSeek-V3's MLA at full size except its query LoRA (queries straight
+// from x, decoded with the per-head K'/V' cache; bench_mla.cpp runs V3 as it is served, with the
+// query LoRA and the latent cache): hidden 7168, 128 heads, latent 512, d_h = 128, decoupled RoPE 64.
 // BD (QK and VO, first-rows basis: speed does not depend on which rows) changes only the key and
 // value projections out of the latent, K'/V' = c[:, S] + c[:, R]·C, so the layer's speedup is
 // bounded by their share of its work, which the `kv_share` counter reports (from the FLOP count).
@@ -37,7 +38,7 @@ using bd::nn::BDAttention;
 using bd::nn::MultiHeadAttention;
 using Eigen::Index;
 
-// DeepSeek-V3 attention (config.json of deepseek-ai/DeepSeek-V3), without q_lora_rank.
+// DeepSeek-V3 attention (config.json of deepseek-ai/DeepSeek-V3), without q_lora_rank here.
 constexpr Index kHidden = 7168, kHeads = 128, kLatent = 512, kHeadDim = 128, kRopeDim = 64;
 
 struct AttentionPair {

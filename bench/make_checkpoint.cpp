@@ -1,9 +1,10 @@
 // bd_make_checkpoint — writes the synthetic DeepSeek-shaped checkpoint of synthetic_checkpoint.hpp.
 //
-//   bd_make_checkpoint OUT_DIR [--small] [--q-lora N] [--layers N] [--shards N]
+//   bd_make_checkpoint OUT_DIR [--small | --v3] [--q-lora N] [--layers N] [--shards N]
 //
 // Default: DeepSeek-V2-Lite's attention at full size (3.45 GB of bf16); --small: a few MB of the
-// same structure; --q-lora N: V3's query LoRA of rank N instead of q_proj.
+// same structure; --v3: DeepSeek-V3's attention at full size (2 layers unless --layers, one
+// shard); --q-lora N: a query LoRA of rank N instead of q_proj.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -12,7 +13,7 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s OUT_DIR [--small] [--q-lora N] [--layers N] [--shards N]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s OUT_DIR [--small | --v3] [--q-lora N] [--layers N] [--shards N]\n", argv[0]);
     return 2;
   }
   bd_bench::SyntheticCheckpoint c;
@@ -22,6 +23,8 @@ int main(int argc, char** argv) {
     if (a == "--small") {
       const int q = c.q_lora;
       c = bd_bench::SyntheticCheckpoint::small(q);
+    } else if (a == "--v3") {
+      c = bd_bench::SyntheticCheckpoint::v3(2);
     } else if (a == "--q-lora" && value) c.q_lora = std::atoi(argv[++i]);
     else if (a == "--layers" && value) c.layers = std::atoi(argv[++i]);
     else if (a == "--shards" && value) c.shards = std::atoi(argv[++i]);

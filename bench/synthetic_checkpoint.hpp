@@ -26,6 +26,20 @@ struct SyntheticCheckpoint {
   int shards = 4;
   std::uint64_t seed = 1;
 
+  /// DeepSeek-V3's attention at full size (hidden 7168, 128 heads, query LoRA 1536, latent 512,
+  /// nope 128, rope 64, v 128) with a token MLP and vocabulary: 374 MB of bf16 per layer.
+  static SyntheticCheckpoint v3(int layer_count) {
+    SyntheticCheckpoint c;
+    c.layers = layer_count;
+    c.hidden = 7168;
+    c.heads = 128;
+    c.q_lora = 1536;
+    c.mlp = 64;
+    c.vocab = 512;
+    c.shards = 1;
+    return c;
+  }
+
   /// A few MB with the same structure (tests, examples).
   static SyntheticCheckpoint small(int q_lora_rank = 0) {
     SyntheticCheckpoint c;

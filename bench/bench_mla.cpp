@@ -1,0 +1,128 @@
+// MLA as DeepSeek-V3 is served, dense against BD, fp32, same threads, same run:
+//
+//   decode/mla_absorbed/<dense|bd>/<context>   one token decoded absorbed over a latent cache of
+//                                              `context` tokens (c and k_rope: 576 values each);
+//   prefill/mla_chunk/<dense|bd>/<context>     a chunk of 64 new tokens against `context` cached
+//                                              ones: K/V (K'/V' by Algorithm 2 for BD) recomputed
+//                                              from the cached latent, then attention and output.
+//
+// The layer is DeepSeek-V3's at full size (config.json of deepseek-ai/DeepSeek-V3): hidden 7168,
+// 128 heads, query LoRA 1536, latent 512, nope 128, rope 64, v 128; weights uniform with the
+// variance of 1/fan_in (speed does not depend on their values; BD with the first-rows basis).
+// Counters: `theoretical_ratio` is dense FLOPs / BD FLOPs of the step as bd::nn::mla_cost counts
+// them (projections) plus the attention over the context, which BD does not change; for
+// prefill, `kv_ratio` is the up-projection's own bound, 1023/768 = 1.33. The dense layer's
+// products run on Eigen, as in the other whole-layer benchmarks; BD's K'/V' on bd's kernel.
+#include <benchmark/benchmark.h>
+
+#include <bd/nn/bd_attention.hpp>
+#include <bd/nn/cost_model.hpp>
+#include <bd/nn/multi_head_attention.hpp>
+
+namespace {
+
+using bd::nn::BDAttention;
+using bd::nn::MultiHeadAttention;
+using Eigen::Index;
+
+constexpr Index kHidden = 7168, kHeads = 128, kQLora = 1536, kLatent = 512, kNope = 128, kRope = 64, kV = 128;
+constexpr Index kChunk = 64;
+
+struct MlaPair {
+  MultiHeadAttention<float> dense;
+  BDAttention<float> bd;
+  bd::nn::AttentionShape shape;
+};
+
+const MlaPair& mla_pair() {
+  static const MlaPair pair = [] {
+    bd::nn::AttentionConfig c;
+    c.n_q = c.n_kv = kHeads;
+    c.head_dim = kNope;
+    c.v_head_dim = kV;
+    c.rope_dim = kRope;
+    c.causal = true;
+    bd::nn::AttentionWeights<float> w;
+    const auto uniform = [](Index rows, Index cols) -> Eigen::MatrixXf {
+      return Eigen::MatrixXf::Random(rows, cols) * (1.732f / std::sqrt(float(rows)));
+    };
+    w.W_qa = uniform(kHidden, kQLora);
+    w.q_norm = Eigen::VectorXf::Ones(kQLora);
+    w.Wq = uniform(kQLora, kHeads * kNope);
+    w.Wq_rope = uniform(kQLora, kHeads * kRope);
+    w.W_dkv = uniform(kHidden, kLatent);
+    w.kv_norm = Eigen::VectorXf::Ones(kLatent);
+    w.Wk_rope = uniform(kHidden, kRope);
+    w.Wk = uniform(kLatent, kHeads * kNope);
+    w.Wv = uniform(kLatent, kHeads * kV);
+    w.Wo = uniform(kHeads * kV, kHidden);
+    MultiHeadAttention<float> dense(c, std::move(w));
+    auto bd = BDAttention<float>::prepare(dense, bd::nn::BDAttentionOptions{}.with_basis(bd::Basis::First));
+    const auto shape = bd::nn::AttentionShape::of(dense.config(), dense.weights());
+    return MlaPair{std::move(dense), std::move(bd), shape};
+  }();
+  return pair;
+}
+
+/// A latent cache holding `context` tokens, with room for `extra` more (no timed growth).
+bd::nn::LatentCache<float> filled_cache(Index context, Index extra) {
+  bd::nn::LatentCache<float> cache;
+  cache.append(Eigen::MatrixXf::Random(context + extra, kLatent), Eigen::MatrixXf::Random(context + extra, kRope));
+  cache.truncate(context);
+  return cache;
+}
+
+void decode_absorbed(benchmark::State& state, bool bd) {
+  const MlaPair& pair = mla_pair();
+  const Index context = state.range(0);
+  auto cache = filled_cache(context, 1);
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
+  for (auto _ : state) {
+    Eigen::MatrixXf y = bd ? pair.bd.decode_absorbed(x, cache) : pair.dense.decode_absorbed(x, cache);
+    benchmark::DoNotOptimize(y.data());
+    cache.truncate(context);
+  }
+  const auto m = bd::nn::mla_cost(pair.shape, bd::nn::Mode::QKVO);
+  const double attend = m.context_flops(double(context + 1), pair.shape);
+  const double flops = (bd ? m.decode_bd : m.decode_dense) + attend;
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["theoretical_ratio"] = (m.decode_dense + attend) / (m.decode_bd + attend);
+}
+
+void prefill_chunk(benchmark::State& state, bool bd) {
+  const MlaPair& pair = mla_pair();
+  const Index context = state.range(0);
+  auto cache = filled_cache(context, kChunk);
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(kChunk, kHidden);
+  for (auto _ : state) {
+    Eigen::MatrixXf y = bd ? pair.bd.prefill(x, cache) : pair.dense.prefill(x, cache);
+    benchmark::DoNotOptimize(y.data());
+    cache.truncate(context);
+  }
+  // Per step: the chunk's own projections, the K/V up-projection of all context + chunk tokens,
+  // and attention of the chunk's queries over them (scores over nope + rope, P·V over v).
+  const auto m = bd::nn::mla_cost(pair.shape, bd::nn::Mode::QKVO);
+  const double keys = double(context + kChunk), n = double(kHeads);
+  const double up_dense = keys * 2 * n * kNope * (2.0 * kLatent - 1), up_bd = keys * 2 * n * kNope * 2.0 * (kLatent - kNope);
+  const double own_dense = double(kChunk) * (m.prefill_dense - 2 * n * kNope * (2.0 * kLatent - 1));
+  const double attend = double(kChunk) * keys * n * (2.0 * (kNope + kRope) + 2.0 * kV);
+  const double dense = own_dense + up_dense + attend, bdf = own_dense + up_bd + attend;
+  state.counters["FLOP/s"] = benchmark::Counter(bd ? bdf : dense, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["theoretical_ratio"] = dense / bdf;
+  state.counters["kv_ratio"] = up_dense / up_bd;
+}
+
+int register_all() {
+  for (const bool bd : {false, true}) {
+    const std::string name = bd ? "bd" : "dense";
+    benchmark::RegisterBenchmark(("decode/mla_absorbed/" + name).c_str(), [bd](benchmark::State& s) { decode_absorbed(s, bd); })
+        ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+    benchmark::RegisterBenchmark(("prefill/mla_chunk/" + name).c_str(), [bd](benchmark::State& s) { prefill_chunk(s, bd); })
+        ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+  }
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace
