@@ -11,8 +11,9 @@
 // variance of 1/fan_in (speed does not depend on their values; BD with the first-rows basis).
 // Counters: `theoretical_ratio` is dense FLOPs / BD FLOPs of the step as bd::nn::mla_cost counts
 // them (projections) plus the attention over the context, which BD does not change; for
-// prefill, `kv_ratio` is the up-projection's own bound, 1023/768 = 1.33. The dense layer's
-// products run on Eigen, as in the other whole-layer benchmarks; BD's K'/V' on bd's kernel.
+// prefill, `kv_ratio` is the up-projection's own bound, 1023/768 = 1.33. The context's K/V
+// up-projections run on the dispatched kernel in both layers (dense: bd::kernel::matmul; BD: the
+// fused projection); queries, softmax and output run on Eigen in both.
 #include <benchmark/benchmark.h>
 
 #include <bd/nn/bd_attention.hpp>

@@ -19,6 +19,7 @@
 
 #include "bd/core/error.hpp"
 #include "bd/core/scalar.hpp"
+#include "bd/kernel/matmul.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"
 #include "bd/nn/attention_steps.hpp"
@@ -79,9 +80,11 @@ public:
     require_inputs(x_new, x_new);
     const Index start = cache.length();
     detail::append_latent<A>(config_, weights_, x_new, cache);
-    Matrix K = cache.latent() * detail::widen<A>(weights_.Wk);
+    // The context's up-projections dominate a chunk's work: on the dispatched kernel, as BD's
+    // K'/V' are, so that dense and BD prefill compare kernels of the same craft.
+    Matrix K = bd::kernel::matmul(cache.latent(), detail::widen<A>(weights_.Wk));
     detail::add_bias<A>(K, weights_.bk);
-    Matrix V = cache.latent() * detail::widen<A>(weights_.Wv);
+    Matrix V = bd::kernel::matmul(cache.latent(), detail::widen<A>(weights_.Wv));
     detail::add_bias<A>(V, weights_.bv);
     return attend_and_output(x_new, K, V, cache.rope_keys(), start);
   }
