@@ -10,11 +10,13 @@ namespace {
 // Residual of a computed inverse against the identity, relative to κ₁(A)·n·u: a stable inverse
 // stays below a small constant (Higham, Accuracy and Stability, §14); 16 leaves room for the
 // 1-norm's estimate.
-double scaled_residual(const Eigen::MatrixXd& A, const Eigen::MatrixXd& inv) {
+// `u` is the unit of the arithmetic the inverse was computed in (the residual itself in double).
+double scaled_residual(const Eigen::MatrixXd& A, const Eigen::MatrixXd& inv,
+                       double u = Eigen::NumTraits<double>::epsilon()) {
   const Eigen::Index n = A.rows();
   const double kappa = A.cwiseAbs().colwise().sum().maxCoeff() * inv.cwiseAbs().colwise().sum().maxCoeff();
   const double residual = (A * inv - Eigen::MatrixXd::Identity(n, n)).cwiseAbs().colwise().sum().maxCoeff();
-  return residual / (kappa * double(n) * Eigen::NumTraits<double>::epsilon());
+  return residual / (kappa * double(n) * u);
 }
 
 }  // namespace
@@ -33,6 +35,22 @@ TEST_CASE("inverse from an LU and from a Cholesky factor, blocked on the kernel"
       const Eigen::LLT<Eigen::MatrixXd> llt(S);
       const Eigen::MatrixXd Sinv = bd::kernel::inverse(llt);
       CHECK(scaled_residual(S, Sinv) < 16);
+      CHECK(Sinv == Sinv.transpose());
+    }
+  });
+}
+
+TEST_CASE("inverse in float (window ranking) is as stable as in double, at float's unit", "[kernel][inverse]") {
+  bd_test::for_each_isa([] {
+    for (Eigen::Index n : {1, 5, 49, 128, 131}) {
+      INFO("n = " << n);
+      const Eigen::MatrixXf A = bd_test::gaussian(n, n, unsigned(n) + 7).cast<float>();
+      const Eigen::PartialPivLU<Eigen::MatrixXf> lu(A);
+      const Eigen::MatrixXf inv = bd::kernel::inverse(lu);
+      CHECK(scaled_residual(A.cast<double>(), inv.cast<double>(), Eigen::NumTraits<float>::epsilon()) < 16);
+      const Eigen::MatrixXf S = A * A.transpose() + float(n) * Eigen::MatrixXf::Identity(n, n);
+      const Eigen::MatrixXf Sinv = bd::kernel::inverse(Eigen::LLT<Eigen::MatrixXf>(S));
+      CHECK(scaled_residual(S.cast<double>(), Sinv.cast<double>(), Eigen::NumTraits<float>::epsilon()) < 16);
       CHECK(Sinv == Sinv.transpose());
     }
   });

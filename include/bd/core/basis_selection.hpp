@@ -77,26 +77,66 @@ struct WindowScore {
   bool singular() const { return !(model < std::numeric_limits<double>::infinity()); }
 };
 
-/// Above this reciprocal condition a block factored in float is far from singular in double
-/// too (float's LU resolves rcond down to about 1e-6); below it the window is scored in double.
-inline constexpr double float_score_rcond = 1e-4;
+/// Above this reciprocal condition a block factored in float is scored in float; below it, in
+/// double. Q rounded to float moves a block's reciprocal condition by about 1e-7, so a block
+/// above 1e-5 in float is far from singular in double too (singular_rcond = 1e-12). A ranking
+/// value needs a few digits: in float ‖Q_S⁻¹·D‖² errs by about κ·u₃₂ ≤ 6e-3 relative here
+/// (the well-conditioned windows that rank first err far less), the sketch by sqrt(2/k) ≈ 0.5.
+/// Orthonormal 512×128 factors give 128×128 blocks with rcond 1e-5…1e-3: nearly all in float.
+inline constexpr double float_score_rcond = 1e-5;
+
+/// 2‖C·D‖² + ‖D‖² from the inverse of Q_S (a factorization of Q_Sᵀ in T):
+/// ‖C·D‖² = ‖Q_S⁻¹·D‖² − ‖D‖² (rows S of Q·Q_S⁻¹ are the identity).
+template <typename T>
+double exact_model(const Eigen::PartialPivLU<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>>& lu_of_QSt,
+                   const Eigen::VectorXd& D) {
+  const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> inv_t = bd::kernel::inverse(lu_of_QSt);  // (Q_S⁻¹)ᵀ
+  // ‖Q_S⁻¹·D‖² = Σ_s D_s²·‖column s of Q_S⁻¹‖², the columns of Q_S⁻¹ being the rows of inv_t.
+  const Eigen::VectorXd row2 = inv_t.cwiseAbs2().rowwise().sum().template cast<double>();
+  const double sum = row2.dot(D.cwiseAbs2());
+  const double d2 = D.squaredNorm();
+  return 2 * std::max(0.0, sum - d2) + d2;
+}
+
+/// 2·‖Ω_Rᵀ·C·D‖²/k + ‖D‖² from Y = (Q_Sᵀ)⁻¹·(ΩᵀQ)ᵀ (r×k): Ω_Rᵀ·C = Yᵀ − Ω_Sᵀ.
+template <typename T>
+double sketched_model(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& Y, const FactoredProduct& p,
+                      const std::vector<Index>& S, const Eigen::VectorXd& D) {
+  const Index k = Y.cols();
+  double sum = 0;
+  for (Index s = 0; s < Y.rows(); ++s) {
+    double row = 0;
+    for (Index j = 0; j < k; ++j) {
+      const double v = static_cast<double>(Y(s, j)) - (*p.omega)(S[static_cast<std::size_t>(s)], j);
+      row += v * v;
+    }
+    sum += D(s) * D(s) * row;
+  }
+  return 2 * sum / static_cast<double>(k) + D.squaredNorm();
+}
 
 inline WindowScore score_window(const FactoredProduct& p, const std::vector<Index>& S, bool exact) {
   WindowScore score;
   const Eigen::VectorXd D = p.row_norm2(S).cwiseSqrt();
-  const double d2 = D.squaredNorm();
-  if (!exact) {
-    // Ranking only, to a few digits: the LU and the k-column solve in float, twice as fast as
-    // double at any SIMD width. Ω_Rᵀ·C = (ΩᵀQ)·Q_S⁻¹ − Ω_Sᵀ;   E‖Ω_Rᵀ·C·D‖² = k·‖C·D‖².
+  {
+    // Ranking only, to a few digits: the LU in float, twice as fast as double at any SIMD
+    // width. One factorization and solve buffer per thread: this runs for every window of
+    // every product. Sketched: Ω_Rᵀ·C = (ΩᵀQ)·Q_S⁻¹ − Ω_Sᵀ;   E‖Ω_Rᵀ·C·D‖² = k·‖C·D‖².
+    thread_local Eigen::PartialPivLU<Eigen::MatrixXf> lu;
+    thread_local Eigen::MatrixXf Y;
     const bool window = S.back() - S.front() + 1 == static_cast<Index>(S.size());
-    Eigen::PartialPivLU<Eigen::MatrixXf> lu(window ? Eigen::MatrixXf(p.Qt.middleCols(S.front(), p.r()))
-                                                   : Eigen::MatrixXf(p.Qt(Eigen::all, S)));
+    if (window) lu.compute(p.Qt.middleCols(S.front(), p.r()));
+    else lu.compute(p.Qt(Eigen::all, S));
     const double rcond = lu.rcond();
     if (rcond > float_score_rcond) {
-      Eigen::MatrixXd X = lu.solve(p.sketch_t).transpose().template cast<double>();
-      X -= p.omega(S, Eigen::all).transpose();
       score.rcond = rcond;
-      score.model = 2 * (X * D.asDiagonal()).squaredNorm() / static_cast<double>(p.sketch.rows()) + d2;
+      if (exact) {
+        score.model = exact_model(lu, D);
+      } else {
+        Y.resize(p.r(), p.sketch_t.cols());
+        Y = lu.solve(p.sketch_t);
+        score.model = sketched_model(Y, p, S, D);
+      }
       return score;
     }
   }
@@ -104,17 +144,7 @@ inline WindowScore score_window(const FactoredProduct& p, const std::vector<Inde
   Eigen::PartialPivLU<Eigen::MatrixXd> lu(QS.transpose());
   score.rcond = lu.rcond();
   if (!(score.rcond >= singular_rcond)) return score;
-  double cd2;
-  if (exact) {
-    // ‖C·D‖² = ‖Q_S⁻¹·D‖² − ‖D‖²  (rows S of Q·Q_S⁻¹ are the identity).
-    const Eigen::MatrixXd inv = bd::kernel::inverse(lu).transpose();
-    cd2 = std::max(0.0, (inv * D.asDiagonal()).squaredNorm() - d2);
-  } else {
-    Eigen::MatrixXd X = lu.solve(p.sketch.transpose()).transpose();
-    X -= p.omega(S, Eigen::all).transpose();
-    cd2 = (X * D.asDiagonal()).squaredNorm() / static_cast<double>(p.sketch.rows());
-  }
-  score.model = 2 * cd2 + d2;
+  score.model = exact ? exact_model(lu, D) : sketched_model(Eigen::MatrixXd(lu.solve(p.sketch.transpose())), p, S, D);
   return score;
 }
 

@@ -93,6 +93,17 @@ ProductPrecision product_precision(bool allowed) {
   return {allowed && !std::is_same_v<Scalar, double>, allowed && narrow};
 }
 
+/// Per-thread scratch of fit_basis: B and ΔB (r×n) in float and in double, U_R and Q_R.
+struct FitBuffers {
+  Eigen::MatrixXf Bf, dBf;
+  Eigen::MatrixXd Bd, dB, UR, QR;
+};
+
+inline FitBuffers& fit_buffers() {
+  thread_local FitBuffers buffers;
+  return buffers;
+}
+
 /// Above this reciprocal condition of Q_S, C = Q_R·Q_S⁻¹ computed in double is accurate to
 /// ε₆₄/rcond ≤ 1e-10 relative: the refit may then leave out D = U_R − C·U_S (which only
 /// corrects that double rounding), far below the 6e-8 of float storage.
@@ -113,7 +124,10 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   Stopwatch clock;
   BasisFit<Scalar> fit;
   const std::vector<Index> R = complement(S, p.m());
-  const MatrixXd US = p.U(S, Eigen::all), UR = p.U(R, Eigen::all), QR = p.Q(R, Eigen::all);
+  FitBuffers& buf = fit_buffers();
+  const MatrixXd US = p.U(S, Eigen::all);
+  buf.UR = p.U(R, Eigen::all), buf.QR = p.Q(R, Eigen::all);  // (m−r)×r, reused across products
+  const MatrixXd &UR = buf.UR, &QR = buf.QR;
   const auto USt = US.transpose();
 
   Eigen::PartialPivLU<MatrixXd> lu(MatrixXd(p.Q(S, Eigen::all).transpose()));
@@ -123,24 +137,35 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
 
   // B = U_S·Vᵀ, its stored value B̂ and ΔB = B̂ − B (float when the Grams are).
   const bool exact_basis = std::is_same_v<Scalar, double>;
-  MatrixXf dBf;
-  MatrixXd dB;
+  // The r×n buffers live per thread: a layer's products are all one shape, so after the first
+  // product no buffer is allocated (and no fresh pages are faulted in) again.
+  MatrixXf& dBf = buf.dBf;
+  MatrixXd& dB = buf.dB;
   bool formed_in_float = false;
   if constexpr (bd::kernel::detail::is_narrow_v<Scalar>) {
     if (precision.fp32_basis) {
-      const MatrixXf B = mul(MatrixXf(US.cast<float>()), p.Vf.transpose());
+      buf.Bf.resize(r, p.n());
+      bd::kernel::matmul_into(MatrixXf(US.cast<float>()), p.Vf.transpose(), buf.Bf);
       times.fit += clock.lap();
-      fit.B = round_matrix<Scalar>(B);
+      fit.B = round_matrix<Scalar>(buf.Bf);
       // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
-      dBf = values_as<float>(fit.B) - B;
+      dBf.resize(r, p.n());
+      kernel::widen_into(fit.B.data(), fit.B.size(), dBf.data());
+      dBf -= buf.Bf;
       formed_in_float = true;
     }
   }
   if (!formed_in_float) {
-    const MatrixXd B = mul(US, p.V.transpose());
+    buf.Bd.resize(r, p.n());
+    bd::kernel::matmul_into(US, p.V.transpose(), buf.Bd);
+    const MatrixXd& B = buf.Bd;
     times.fit += clock.lap();
     fit.B = round_matrix<Scalar>(B);
-    if constexpr (!std::is_same_v<Scalar, double>) {
+    if constexpr (std::is_same_v<Scalar, float>) {
+      // One pass, no double temporary: float storage's ΔB is only read by the fp32 Grams.
+      if (precision.fp32_grams) dBf = (fit.B.template cast<double>() - B).template cast<float>();
+      else dB = fit.B.template cast<double>() - B;
+    } else if constexpr (!std::is_same_v<Scalar, double>) {
       dB = values_as<double>(fit.B) - B;
       if (precision.fp32_grams) dBf = dB.cast<float>();
     }

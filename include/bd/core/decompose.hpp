@@ -341,11 +341,18 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
   detail::Stopwatch clock;
   std::vector<detail::FactoredProduct> ps(Us.size());
   std::vector<double> floors(Us.size());
+  // V in double only where a product reads it (B for float and double storage, the Grams
+  // for double); in float where the Grams or B are formed in fp32.
+  const bool double_V = !(precision.fp32_basis && precision.fp32_grams);
+  const auto omega = detail::sketch_matrix(row ? m : n, opts);
   detail::parallel_for(static_cast<Index>(Us.size()), [&](Index h) {
     const auto i = static_cast<std::size_t>(h);
-    Eigen::MatrixXd U = Us[i].template cast<double>(), V = Vs[i].template cast<double>();
-    ps[i] = row ? detail::factor_product(std::move(U), std::move(V), opts, name(i), precision.fp32_grams)
-                : detail::factor_product(std::move(V), std::move(U), opts, name(i), precision.fp32_grams);
+    const auto& u = row ? Us[i] : Vs[i];  // the basis side (row form)
+    const auto& v = row ? Vs[i] : Us[i];
+    ps[i] = detail::factor_product(u.template cast<double>(),
+                                   double_V ? Eigen::MatrixXd(v.template cast<double>()) : Eigen::MatrixXd(),
+                                   precision.fp32_grams ? Eigen::MatrixXf(v.template cast<float>()) : Eigen::MatrixXf(),
+                                   name(i), omega);
     floors[i] = detail::rounding_floor<Stored>(ps[i], opts.seed + i);
   });
   const double factor_seconds = clock.lap();
@@ -412,7 +419,7 @@ Decomposition<detail::stored_t<Scalar, typename Derived::Scalar>> decompose(cons
   const double tail = sigma.tail(sigma.size() - rank).squaredNorm();
 
   std::vector<detail::FactoredProduct> ps;
-  ps.push_back(detail::factor_product(std::move(U), std::move(V), opts, "W"));
+  ps.push_back(detail::factor_product(std::move(U), std::move(V), Eigen::MatrixXf(), "W", detail::sketch_matrix(m, opts)));
   ps.front().norm2 = energy;
   const std::vector<double> floors{detail::rounding_floor<Stored>(Wr)};
   const double factor_seconds = clock.lap();

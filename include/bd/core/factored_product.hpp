@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 
@@ -26,7 +27,7 @@ namespace bd::detail {
 
 struct FactoredProduct {
   Eigen::MatrixXd U;          ///< m×r, the factor on the basis side
-  Eigen::MatrixXd V;          ///< n×r
+  Eigen::MatrixXd V;          ///< n×r in double, when a product needs it (else empty)
   Eigen::MatrixXf Vf;         ///< n×r, V rounded to float when Grams or B are formed in fp32 (else empty)
   Eigen::MatrixXd Q;          ///< m×r, orthonormal, range(Q) = range(U)
   Eigen::MatrixXd G;          ///< r×r, VᵀV
@@ -34,14 +35,27 @@ struct FactoredProduct {
   Eigen::MatrixXf Qt;         ///< r×m, Qᵀ in float: a window's Q_Sᵀ is a contiguous block (ranking)
   Eigen::MatrixXd sketch;     ///< k×r, ΩᵀQ with Ω an m×k standard Gaussian matrix
   Eigen::MatrixXf sketch_t;   ///< r×k, (ΩᵀQ)ᵀ in float
-  Eigen::MatrixXd omega;      ///< m×k, Ω
+  std::shared_ptr<const Eigen::MatrixXd> omega;  ///< m×k, Ω (one for every product of a call)
   double norm2 = 0;           ///< ‖W‖²_F
   std::string name;           ///< how messages name this product ("head 3", "W")
 
   Index m() const { return U.rows(); }
-  Index n() const { return V.rows(); }
+  Index n() const { return V.size() ? V.rows() : Vf.rows(); }
   Index r() const { return U.cols(); }
+  /// Rows J of V in double (from Vf when only the float copy is held).
+  Eigen::MatrixXd V_rows(const std::vector<Index>& J) const {
+    return V.size() ? Eigen::MatrixXd(V(J, Eigen::all)) : Eigen::MatrixXd(Vf(J, Eigen::all).template cast<double>());
+  }
 };
+
+/// Ω, the m×k standard Gaussian sketch that ranks windows: drawn once per preparation from
+/// Options::seed (every product of a call shares it), so preparation is reproducible.
+inline std::shared_ptr<const Eigen::MatrixXd> sketch_matrix(Index m, const Options& opts) {
+  const Index k = std::max<Index>(1, opts.sketch_columns);
+  std::mt19937_64 rng(opts.seed);
+  std::normal_distribution<double> normal;
+  return std::make_shared<const Eigen::MatrixXd>(Eigen::MatrixXd::NullaryExpr(m, k, [&]() { return normal(rng); }));
+}
 
 /// AᵀA on the dispatched kernel (Aᵀ read in place), exactly symmetric, in double.
 template <typename T>
@@ -72,9 +86,10 @@ inline bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q) {
 /// Precomputes a product's invariants. Throws SingularBasisError when U is rank-deficient:
 /// then every r rows of W are dependent and no basis exists (a zero or pruned head).
 /// A rank-deficient V is allowed: W_R = (U_R·U_S⁻¹)·(U_S·Vᵀ) holds for any V.
-/// `fp32_gram`: G = VᵀV formed in float (see coefficient_fit.hpp for why that is safe).
-inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, const Options& opts, std::string name,
-                                      bool fp32_gram = false) {
+/// V is given in double, in float (Vf), or both; G = VᵀV is formed from Vf when it is given
+/// (see coefficient_fit.hpp for why that is safe). `omega` is sketch_matrix(U.rows(), ·).
+inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eigen::MatrixXf Vf, std::string name,
+                                      std::shared_ptr<const Eigen::MatrixXd> omega) {
   FactoredProduct p;
   p.name = std::move(name);
   const Index m = U.rows(), r = U.cols();
@@ -89,32 +104,31 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, cons
     p.Q = qr.householderQ() * Eigen::MatrixXd::Identity(m, r);
   }
 
-  if (fp32_gram) {
-    p.Vf = V.cast<float>();
-    p.G = gram(p.Vf);
-  } else {
-    p.G = gram(V);
-  }
+  p.G = Vf.size() ? gram(Vf) : gram(V);
   p.row_norm2 = (bd::kernel::matmul(U, p.G).array() * U.array()).rowwise().sum().max(0.0);
   p.norm2 = p.row_norm2.sum();
 
-  const Index k = std::max<Index>(1, opts.sketch_columns);
-  std::mt19937_64 rng(opts.seed);
-  std::normal_distribution<double> normal;
-  p.omega = Eigen::MatrixXd::NullaryExpr(m, k, [&]() { return normal(rng); });
-  p.sketch = p.omega.transpose() * p.Q;
+  p.omega = std::move(omega);
+  p.sketch = p.omega->transpose() * p.Q;
   p.Qt = p.Q.transpose().cast<float>();
   p.sketch_t = p.sketch.transpose().cast<float>();
 
   p.U = std::move(U);
   p.V = std::move(V);
+  p.Vf = std::move(Vf);
   return p;
 }
 
 /// Rows of W are isometric to the rows of the returned m×r matrix F: W_i·W_jᵀ = F_i·F_jᵀ.
-/// With VᵀV = E·Λ·Eᵀ (symmetric eigendecomposition; Λ ≥ 0 also when V is rank-deficient),
-/// F = U·E·Λ^½. Used to pivot in W's own geometry without forming W.
+/// With VᵀV = L·Lᵀ (Cholesky), F = U·L; when VᵀV is singular (a rank-deficient V), with
+/// VᵀV = E·Λ·Eᵀ (symmetric eigendecomposition, Λ ≥ 0), F = U·E·Λ^½. Used to pivot in W's own
+/// geometry without forming W: pivoting reads only F·Fᵀ, which both forms equal.
 inline Eigen::MatrixXd row_geometry(const FactoredProduct& p) {
+  const Eigen::LLT<Eigen::MatrixXd> llt(p.G);
+  if (llt.info() == Eigen::Success && llt.rcond() > 1e-12) {
+    const Eigen::MatrixXd L = llt.matrixL();
+    return bd::kernel::matmul(p.U, L);
+  }
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(p.G);
   const Eigen::VectorXd scale = eig.eigenvalues().array().max(0.0).sqrt();
   return (p.U * eig.eigenvectors()) * scale.asDiagonal();

@@ -33,7 +33,7 @@ double rounding_floor(const FactoredProduct& p, std::uint64_t seed) {
     std::vector<Index> I(static_cast<std::size_t>(std::min(side, p.m()))), J(static_cast<std::size_t>(std::min(side, p.n())));
     for (auto& i : I) i = row(rng);
     for (auto& j : J) j = col(rng);
-    const Eigen::MatrixXd block = p.U(I, Eigen::all) * p.V(J, Eigen::all).transpose();
+    const Eigen::MatrixXd block = p.U(I, Eigen::all) * p.V_rows(J).transpose();
     const double err = (rounded_in_double<Scalar>(block) - block).squaredNorm(), energy = block.squaredNorm();
     return energy > 0 ? err / energy : u * u / 3;
   }

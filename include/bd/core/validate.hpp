@@ -25,6 +25,7 @@ void require_nonempty(const Eigen::MatrixBase<Derived>& m, const std::string& na
 /// Throws NonFiniteError naming the first NaN or Inf entry of m.
 template <typename Derived>
 void require_finite(const Eigen::MatrixBase<Derived>& m, const std::string& name) {
+  if (m.derived().allFinite()) return;  // vectorised; the search below only names the entry
   for (Eigen::Index j = 0; j < m.cols(); ++j) {
     for (Eigen::Index i = 0; i < m.rows(); ++i) {
       const double x = static_cast<double>(m.coeff(i, j));

@@ -23,38 +23,55 @@ namespace bd::kernel {
 namespace detail {
 /// Blocks this small are inverted by Eigen's substitution directly.
 inline constexpr Index inverse_leaf = 48;
-}  // namespace detail
 
-/// L⁻¹ for a lower-triangular L (Mode: Eigen::Lower or Eigen::UnitLower); the strictly upper
-/// part of L is not read.
-template <int Mode = Eigen::Lower>
-Eigen::MatrixXd lower_inverse(const Eigen::Ref<const Eigen::MatrixXd>& L) {
+template <typename T>
+using Dense = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+
+template <int Mode, typename T>
+Dense<T> lower_inverse_of(const Eigen::Ref<const Dense<T>>& L) {
   const Index n = L.rows();
-  if (n <= detail::inverse_leaf)
-    return L.template triangularView<Mode>().solve(Eigen::MatrixXd::Identity(n, n));
+  if (n <= inverse_leaf) return L.template triangularView<Mode>().solve(Dense<T>::Identity(n, n));
   const Index h = (n / 2 + 7) / 8 * 8;  // the split on a multiple of 8: whole SIMD columns
-  Eigen::MatrixXd out = Eigen::MatrixXd::Zero(n, n);
-  out.topLeftCorner(h, h) = lower_inverse<Mode>(L.topLeftCorner(h, h));
-  out.bottomRightCorner(n - h, n - h) = lower_inverse<Mode>(L.bottomRightCorner(n - h, n - h));
-  const Eigen::MatrixXd BAi = matmul(L.bottomLeftCorner(n - h, h), out.topLeftCorner(h, h));
-  out.bottomLeftCorner(n - h, h) = -matmul(out.bottomRightCorner(n - h, n - h), BAi);
+  Dense<T> out = Dense<T>::Zero(n, n);
+  out.topLeftCorner(h, h) = lower_inverse_of<Mode, T>(L.topLeftCorner(h, h));
+  out.bottomRightCorner(n - h, n - h) = lower_inverse_of<Mode, T>(L.bottomRightCorner(n - h, n - h));
+  const Dense<T> BAi = matmul(L.bottomLeftCorner(n - h, h), out.topLeftCorner(h, h));
+  auto lower_left = out.bottomLeftCorner(n - h, h);
+  matmul_into(out.bottomRightCorner(n - h, n - h), BAi, lower_left);
+  lower_left = -lower_left;
   return out;
 }
+}  // namespace detail
 
-/// A⁻¹ from A's LU with partial pivoting, A = P⁻¹·L·U:  A⁻¹ = U⁻¹·L⁻¹·P.
-inline Eigen::MatrixXd inverse(const Eigen::PartialPivLU<Eigen::MatrixXd>& lu) {
-  const Eigen::MatrixXd& LU = lu.matrixLU();
-  const Eigen::MatrixXd Linv = lower_inverse<Eigen::UnitLower>(LU);
-  // U⁻¹ = ((Uᵀ)⁻¹)ᵀ, Uᵀ lower-triangular.
-  const Eigen::MatrixXd Uinv = lower_inverse<Eigen::Lower>(LU.transpose()).transpose();
-  return matmul(Uinv, Linv) * lu.permutationP();
+/// L⁻¹ for a lower-triangular L (Mode: Eigen::Lower or Eigen::UnitLower), float or double; the
+/// strictly upper part of L is not read.
+template <int Mode = Eigen::Lower, typename Derived>
+detail::Dense<typename Derived::Scalar> lower_inverse(const Eigen::MatrixBase<Derived>& L) {
+  using T = typename Derived::Scalar;
+  return detail::lower_inverse_of<Mode, T>(L);
+}
+
+/// A⁻¹ from A's LU with partial pivoting, P·A = L·U:  A⁻¹ = U⁻¹·L⁻¹·P, the permutation applied
+/// as a column gather (column j of L⁻¹·P is column σ(j) of L⁻¹).
+template <typename T>
+detail::Dense<T> inverse(const Eigen::PartialPivLU<detail::Dense<T>>& lu) {
+  const detail::Dense<T>& LU = lu.matrixLU();
+  const Index n = LU.rows();
+  const detail::Dense<T> Linv = lower_inverse<Eigen::UnitLower>(LU);
+  // U⁻¹ = ((Uᵀ)⁻¹)ᵀ, Uᵀ lower-triangular; the transpose is read in place by matmul.
+  const detail::Dense<T> UinvT = lower_inverse<Eigen::Lower>(LU.transpose());
+  const auto& perm = lu.permutationP().indices();
+  detail::Dense<T> LinvP(n, n);
+  for (Index j = 0; j < n; ++j) LinvP.col(j) = Linv.col(perm(j));
+  return matmul(UinvT.transpose(), LinvP);
 }
 
 /// A⁻¹ for a symmetric positive definite A from its Cholesky factor, A = L·Lᵀ: A⁻¹ = L⁻ᵀ·L⁻¹.
-inline Eigen::MatrixXd inverse(const Eigen::LLT<Eigen::MatrixXd>& llt) {
-  const Eigen::MatrixXd Linv = lower_inverse<Eigen::Lower>(llt.matrixLLT());
-  Eigen::MatrixXd out = matmul(Linv.transpose(), Linv);
-  return 0.5 * (out + out.transpose());  // exactly symmetric
+template <typename T>
+detail::Dense<T> inverse(const Eigen::LLT<detail::Dense<T>>& llt) {
+  const detail::Dense<T> Linv = lower_inverse<Eigen::Lower>(llt.matrixLLT());
+  detail::Dense<T> out = matmul(Linv.transpose(), Linv);
+  return T(0.5) * (out + out.transpose());  // exactly symmetric
 }
 
 }  // namespace bd::kernel
