@@ -25,6 +25,7 @@
 #include "bd/core/factored_product.hpp"
 #include "bd/core/options.hpp"
 #include "bd/kernel/inverse.hpp"
+#include "bd/kernel/small_lu.hpp"
 
 namespace bd::detail {
 
@@ -85,13 +86,11 @@ struct WindowScore {
 /// Orthonormal 512×128 factors give 128×128 blocks with rcond 1e-5…1e-3: nearly all in float.
 inline constexpr double float_score_rcond = 1e-5;
 
-/// 2‖C·D‖² + ‖D‖² from the inverse of Q_S (a factorization of Q_Sᵀ in T):
-/// ‖C·D‖² = ‖Q_S⁻¹·D‖² − ‖D‖² (rows S of Q·Q_S⁻¹ are the identity).
+/// 2‖C·D‖² + ‖D‖² from inv_t = (Q_Sᵀ)⁻¹ = (Q_S⁻¹)ᵀ:
+/// ‖C·D‖² = ‖Q_S⁻¹·D‖² − ‖D‖² (rows S of Q·Q_S⁻¹ are the identity), and
+/// ‖Q_S⁻¹·D‖² = Σ_s D_s²·‖column s of Q_S⁻¹‖², the columns of Q_S⁻¹ being the rows of inv_t.
 template <typename T>
-double exact_model(const Eigen::PartialPivLU<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>>& lu_of_QSt,
-                   const Eigen::VectorXd& D) {
-  const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> inv_t = bd::kernel::inverse(lu_of_QSt);  // (Q_S⁻¹)ᵀ
-  // ‖Q_S⁻¹·D‖² = Σ_s D_s²·‖column s of Q_S⁻¹‖², the columns of Q_S⁻¹ being the rows of inv_t.
+double exact_model(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& inv_t, const Eigen::VectorXd& D) {
   const Eigen::VectorXd row2 = inv_t.cwiseAbs2().rowwise().sum().template cast<double>();
   const double sum = row2.dot(D.cwiseAbs2());
   const double d2 = D.squaredNorm();
@@ -119,24 +118,17 @@ inline WindowScore score_window(const FactoredProduct& p, const std::vector<Inde
   WindowScore score;
   const Eigen::VectorXd D = p.row_norm2(S).cwiseSqrt();
   {
-    // Ranking only, to a few digits: the LU in float, twice as fast as double at any SIMD
-    // width. One factorization and solve buffer per thread: this runs for every window of
-    // every product. Sketched: Ω_Rᵀ·C = (ΩᵀQ)·Q_S⁻¹ − Ω_Sᵀ;   E‖Ω_Rᵀ·C·D‖² = k·‖C·D‖².
-    thread_local Eigen::PartialPivLU<Eigen::MatrixXf> lu;
-    thread_local Eigen::MatrixXf Y;
+    // Ranking only, to a few digits: the LU in float, on the CPU's vectors (kernel/small_lu.hpp),
+    // one factorization buffer per thread: this runs for every window of every product.
+    // Sketched: Ω_Rᵀ·C = (ΩᵀQ)·Q_S⁻¹ − Ω_Sᵀ;   E‖Ω_Rᵀ·C·D‖² = k·‖C·D‖².
+    thread_local bd::kernel::SmallLU<float> lu;
     const bool window = S.back() - S.front() + 1 == static_cast<Index>(S.size());
-    if (window) lu.compute(p.Qt.middleCols(S.front(), p.r()));
-    else lu.compute(p.Qt(Eigen::all, S));
+    if (window) lu.compute(p.Qf.middleRows(S.front(), p.r()).transpose());
+    else lu.compute(p.Qf(S, Eigen::all).transpose());
     const double rcond = lu.rcond();
     if (rcond > float_score_rcond) {
       score.rcond = rcond;
-      if (exact) {
-        score.model = exact_model(lu, D);
-      } else {
-        Y.resize(p.r(), p.sketch_t.cols());
-        Y = lu.solve(p.sketch_t);
-        score.model = sketched_model(Y, p, S, D);
-      }
+      score.model = exact ? exact_model(lu.inverse(), D) : sketched_model(lu.solve(p.sketch_t), p, S, D);
       return score;
     }
   }
@@ -144,7 +136,8 @@ inline WindowScore score_window(const FactoredProduct& p, const std::vector<Inde
   Eigen::PartialPivLU<Eigen::MatrixXd> lu(QS.transpose());
   score.rcond = lu.rcond();
   if (!(score.rcond >= singular_rcond)) return score;
-  score.model = exact ? exact_model(lu, D) : sketched_model(Eigen::MatrixXd(lu.solve(p.sketch.transpose())), p, S, D);
+  score.model = exact ? exact_model(bd::kernel::inverse(lu), D)
+                      : sketched_model(Eigen::MatrixXd(lu.solve(p.sketch.transpose())), p, S, D);
   return score;
 }
 

@@ -331,8 +331,18 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
     if (Us[h].rows() != m || Us[h].cols() != r || Vs[h].rows() != n || Vs[h].cols() != r)
       throw ShapeError(detail::message(u, " is ", detail::shape_of(Us[h]), " and ", v, " is ", detail::shape_of(Vs[h]),
                                        ": expected ", m, "x", r, " and ", n, "x", r, " like the first product"));
-    detail::require_finite(Us[h], u);
-    detail::require_finite(Vs[h], v);
+  }
+  // Finiteness in parallel (it reads every weight); the first offending product is then named
+  // in order, so the message does not depend on thread timing.
+  std::vector<char> finite(Us.size());
+  detail::parallel_for(static_cast<Index>(Us.size()), [&](Index h) {
+    const auto i = static_cast<std::size_t>(h);
+    finite[i] = Us[i].derived().allFinite() && Vs[i].derived().allFinite();
+  });
+  for (std::size_t h = 0; h < Us.size(); ++h) {
+    if (finite[h]) continue;
+    detail::require_finite(Us[h], single ? "U" : detail::message("U[", h, "]"));
+    detail::require_finite(Vs[h], single ? "V" : detail::message("V[", h, "]"));
   }
   detail::require_rank(r, m, n, single ? "W = U·Vᵀ" : "every W_h = U_h·V_hᵀ");
 

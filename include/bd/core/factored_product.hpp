@@ -32,7 +32,7 @@ struct FactoredProduct {
   Eigen::MatrixXd Q;          ///< m×r, orthonormal, range(Q) = range(U)
   Eigen::MatrixXd G;          ///< r×r, VᵀV
   Eigen::VectorXd row_norm2;  ///< ‖W_i,:‖² for every row i
-  Eigen::MatrixXf Qt;         ///< r×m, Qᵀ in float: a window's Q_Sᵀ is a contiguous block (ranking)
+  Eigen::MatrixXf Qf;         ///< m×r, Q in float (ranking): row i of Q_Sᵀ is a contiguous run of column i
   Eigen::MatrixXd sketch;     ///< k×r, ΩᵀQ with Ω an m×k standard Gaussian matrix
   Eigen::MatrixXf sketch_t;   ///< r×k, (ΩᵀQ)ᵀ in float
   std::shared_ptr<const Eigen::MatrixXd> omega;  ///< m×k, Ω (one for every product of a call)
@@ -110,7 +110,7 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eige
 
   p.omega = std::move(omega);
   p.sketch = p.omega->transpose() * p.Q;
-  p.Qt = p.Q.transpose().cast<float>();
+  p.Qf = p.Q.cast<float>();
   p.sketch_t = p.sketch.transpose().cast<float>();
 
   p.U = std::move(U);

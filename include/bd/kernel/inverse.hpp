@@ -51,19 +51,25 @@ detail::Dense<typename Derived::Scalar> lower_inverse(const Eigen::MatrixBase<De
   return detail::lower_inverse_of<Mode, T>(L);
 }
 
-/// A⁻¹ from A's LU with partial pivoting, P·A = L·U:  A⁻¹ = U⁻¹·L⁻¹·P, the permutation applied
-/// as a column gather (column j of L⁻¹·P is column σ(j) of L⁻¹).
+namespace detail {
+/// A⁻¹ = U⁻¹·L⁻¹·P from P·A = L·U held column-major in one matrix (L unit lower, U upper);
+/// column j of L⁻¹·P is column gather[j] of L⁻¹.
+template <typename T, typename Gather>
+Dense<T> inverse_from_lu(const Dense<T>& LU, const Gather& gather) {
+  const Index n = LU.rows();
+  const Dense<T> Linv = lower_inverse<Eigen::UnitLower>(LU);
+  // U⁻¹ = ((Uᵀ)⁻¹)ᵀ, Uᵀ lower-triangular; the transpose is read in place by matmul.
+  const Dense<T> UinvT = lower_inverse<Eigen::Lower>(LU.transpose());
+  Dense<T> LinvP(n, n);
+  for (Index j = 0; j < n; ++j) LinvP.col(j) = Linv.col(gather[j]);
+  return matmul(UinvT.transpose(), LinvP);
+}
+}  // namespace detail
+
+/// A⁻¹ from A's LU with partial pivoting (Eigen's), P·A = L·U:  A⁻¹ = U⁻¹·L⁻¹·P.
 template <typename T>
 detail::Dense<T> inverse(const Eigen::PartialPivLU<detail::Dense<T>>& lu) {
-  const detail::Dense<T>& LU = lu.matrixLU();
-  const Index n = LU.rows();
-  const detail::Dense<T> Linv = lower_inverse<Eigen::UnitLower>(LU);
-  // U⁻¹ = ((Uᵀ)⁻¹)ᵀ, Uᵀ lower-triangular; the transpose is read in place by matmul.
-  const detail::Dense<T> UinvT = lower_inverse<Eigen::Lower>(LU.transpose());
-  const auto& perm = lu.permutationP().indices();
-  detail::Dense<T> LinvP(n, n);
-  for (Index j = 0; j < n; ++j) LinvP.col(j) = Linv.col(perm(j));
-  return matmul(UinvT.transpose(), LinvP);
+  return detail::inverse_from_lu<T>(lu.matrixLU(), lu.permutationP().indices());
 }
 
 /// A⁻¹ for a symmetric positive definite A from its Cholesky factor, A = L·Lᵀ: A⁻¹ = L⁻ᵀ·L⁻¹.

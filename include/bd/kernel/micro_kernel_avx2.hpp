@@ -74,6 +74,8 @@ struct Avx2Kernel {
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
     avx2::dot_columns<Ops>(count, rows, depth, b, ldb, columns, result);
   }
+  /// P·A = L·U in place for a small row-major A (small_lu.hpp).
+  static void lu_rows(T* a, Index n, Index ld, Index* perm) { avx2::lu_rows<Ops>(a, n, ld, perm); }
 };
 }  // namespace bd::kernel
 #endif

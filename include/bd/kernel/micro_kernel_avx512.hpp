@@ -79,6 +79,8 @@ struct Avx512Kernel {
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
     avx512::dot_columns<Ops>(count, rows, depth, b, ldb, columns, result);
   }
+  /// P·A = L·U in place for a small row-major A (small_lu.hpp).
+  static void lu_rows(T* a, Index n, Index ld, Index* perm) { avx512::lu_rows<Ops>(a, n, ld, perm); }
 };
 
 }  // namespace bd::kernel

@@ -7,6 +7,9 @@
 //                of B's columns (decoding)
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+
 #include "bd/kernel/arguments.hpp"
 
 namespace bd::kernel {
@@ -46,6 +49,35 @@ struct PortableKernel {
         for (Index k = 0; k < depth; ++k) sum += row[k] * b[k];
         result[c * 4 + i] = sum;
       }
+  }
+
+  /// P·A = L·U in place for a small row-major A: micro_kernel_simd.inc's lu_rows with scalars
+  /// (same layout, pivots and multipliers; the padding and scratch row are not read).
+  static void lu_rows(T* a, Index n, Index ld, Index* perm) {
+    for (Index i = 0; i < n; ++i) perm[i] = i;
+    Index p = 0;
+    for (Index i = 1; i < n; ++i)
+      if (std::abs(a[i * ld]) > std::abs(a[p * ld])) p = i;
+    for (Index k = 0; k < n; ++k) {
+      T* rk = a + k * ld;
+      if (p != k) {
+        std::swap_ranges(rk, rk + n, a + p * ld);
+        std::swap(perm[k], perm[p]);
+      }
+      const T pivot = rk[k];
+      const T inverse = pivot == T(0) ? T(0) : T(1) / pivot;
+      Index next = k + 1;
+      T best = T(-1);
+      for (Index i = k + 1; i < n; ++i) {
+        T* ri = a + i * ld;
+        const T l = ri[k] * inverse;
+        if (pivot != T(0)) ri[k] = l;
+        if (l != T(0))
+          for (Index j = k + 1; j < n; ++j) ri[j] -= l * rk[j];
+        if (k + 1 < n && std::abs(ri[k + 1]) > best) best = std::abs(ri[k + 1]), next = i;
+      }
+      p = next;
+    }
   }
 };
 

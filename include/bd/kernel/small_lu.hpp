@@ -1,0 +1,143 @@
+// bd/kernel/small_lu.hpp — LU with partial pivoting of small square matrices (r×r, r = d_h),
+// on the micro-kernels of the CPU the program runs on.
+//
+// Ranking a basis window factors one r×r block per window and product (25 windows × 864
+// products for DeepSeek-V2-Lite). Eigen's PartialPivLU runs at the SIMD width the program was
+// compiled for (SSE2 without -march). Here the block is held row-major, so that the pivot row
+// swap and every update of the trailing rows (row_i −= l_i·row_k) run along AVX-512 or AVX2
+// vectors (micro_kernel_simd.inc, lu_rows). Same algorithm and pivots as Eigen's unblocked LU;
+// rcond() is the same Hager–Higham estimate of the 1-norm condition number.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "bd/kernel/cpu.hpp"
+#include "bd/kernel/inverse.hpp"
+#include "bd/kernel/micro_kernel_avx512.hpp"
+
+namespace bd::kernel {
+
+template <typename T>
+class SmallLU {
+public:
+  using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+  using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+  SmallLU() = default;
+  template <typename Derived>
+  explicit SmallLU(const Eigen::MatrixBase<Derived>& A) {
+    compute(A);
+  }
+
+  /// Factors the square A (any expression; copied row-major into storage reused between calls).
+  template <typename Derived>
+  SmallLU& compute(const Eigen::MatrixBase<Derived>& A) {
+    eigen_assert(A.rows() == A.cols() && "SmallLU: a square matrix");
+    const Index n = A.rows();
+    // Rows padded with zeros to whole vectors of any ISA, plus 16 scratch rows (lu_rows' layout).
+    const Index ld = (n + 15) / 16 * 16;
+    if (buffer_.rows() != n + 16 || buffer_.cols() != ld) buffer_.setZero(n + 16, ld);
+    buffer_.topLeftCorner(n, n) = A.template cast<T>();
+    norm1_ = n ? static_cast<double>(buffer_.topLeftCorner(n, n).cwiseAbs().colwise().sum().maxCoeff()) : 0.0;
+    perm_.resize(static_cast<std::size_t>(n));
+    factor(n, ld);
+    lu_ = buffer_.topLeftCorner(n, n);
+    return *this;
+  }
+
+  Index size() const { return lu_.rows(); }
+  /// L (unit, strictly below the diagonal) and U (on and above it), row-major.
+  const RowMatrix& matrixLU() const { return lu_; }
+  /// Row i of P·A is row permutation()[i] of A.
+  const std::vector<Index>& permutation() const { return perm_; }
+
+  /// X = A⁻¹·B.
+  template <typename Derived>
+  Matrix solve(const Eigen::MatrixBase<Derived>& B) const {
+    Matrix X(B.rows(), B.cols());
+    for (Index i = 0; i < size(); ++i) X.row(i) = B.row(perm_[static_cast<std::size_t>(i)]).template cast<T>();
+    lu_.template triangularView<Eigen::UnitLower>().solveInPlace(X);
+    lu_.template triangularView<Eigen::Upper>().solveInPlace(X);
+    return X;
+  }
+
+  /// X = A⁻ᵀ·B:  Aᵀ = Uᵀ·Lᵀ·P.
+  template <typename Derived>
+  Matrix solve_transposed(const Eigen::MatrixBase<Derived>& B) const {
+    Matrix Z = B.template cast<T>();
+    lu_.transpose().template triangularView<Eigen::Lower>().solveInPlace(Z);
+    lu_.transpose().template triangularView<Eigen::UnitUpper>().solveInPlace(Z);
+    Matrix X(Z.rows(), Z.cols());
+    for (Index i = 0; i < size(); ++i) X.row(perm_[static_cast<std::size_t>(i)]) = Z.row(i);
+    return X;
+  }
+
+  /// A⁻¹, by blocked triangular inverses on the GEMM (inverse.hpp).
+  Matrix inverse() const {
+    const Index n = size();
+    std::vector<Index> gather(static_cast<std::size_t>(n));  // column j of L⁻¹·P: column gather[j] of L⁻¹
+    for (Index i = 0; i < n; ++i) gather[static_cast<std::size_t>(perm_[static_cast<std::size_t>(i)])] = i;
+    return detail::inverse_from_lu<T>(Matrix(lu_), gather);
+  }
+
+  /// Reciprocal 1-norm condition number, estimated as Eigen's PartialPivLU::rcond() does:
+  /// 1/(‖A‖₁·est‖A⁻¹‖₁), Hager's power iteration with Higham's alternating safeguard (LAPACK
+  /// xGECON). 0 for a singular U.
+  double rcond() const {
+    const Index n = size();
+    if (n == 0) return 1.0;
+    if (norm1_ == 0 || !(lu_.diagonal().cwiseAbs().minCoeff() > T(0))) return 0.0;
+    using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+    const auto l1 = [](const Vec& v) { return static_cast<double>(v.template lpNorm<1>()); };
+    const auto sign = [](const Vec& v) { return Vec(v.unaryExpr([](T x) { return x < T(0) ? T(-1) : T(1); })); };
+    Vec v = solve(Vec::Constant(n, T(1) / T(n)));
+    double bound = l1(v);
+    if (n > 1) {
+      Vec s = sign(v);
+      v = solve_transposed(s);
+      Index at;
+      v.cwiseAbs().maxCoeff(&at);
+      double old_bound = bound;
+      for (int k = 0; k < 4; ++k) {
+        v = solve(Vec::Unit(n, at));
+        bound = l1(v);
+        if (bound <= old_bound) break;
+        const Vec s_new = sign(v);
+        if (s_new == s) break;
+        s = s_new;
+        v = solve_transposed(s);
+        Index next;
+        v.cwiseAbs().maxCoeff(&next);
+        if (next == at) break;
+        at = next;
+        old_bound = bound;
+      }
+      Vec alt(n);
+      for (Index i = 0; i < n; ++i) alt(i) = T((i % 2 ? -1.0 : 1.0) * (1.0 + double(i) / double(n - 1)));
+      bound = std::max(bound, 2 * l1(solve(alt)) / (3.0 * double(n)));
+    }
+    return bound > 0 ? (1.0 / norm1_) / bound : 0.0;
+  }
+
+private:
+  void factor(Index n, Index ld) {
+#ifdef BD_KERNEL_X86
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      const Isa isa = active_isa();
+      if (isa == Isa::avx512) return Avx512Kernel<T>::lu_rows(buffer_.data(), n, ld, perm_.data());
+      if (isa == Isa::avx2) return Avx2Kernel<T>::lu_rows(buffer_.data(), n, ld, perm_.data());
+    }
+#endif
+    PortableKernel<T>::lu_rows(buffer_.data(), n, ld, perm_.data());
+  }
+
+  RowMatrix buffer_;  // (n + 16) × ld, see compute()
+  RowMatrix lu_;
+  std::vector<Index> perm_;
+  double norm1_ = 0;
+};
+
+}  // namespace bd::kernel
