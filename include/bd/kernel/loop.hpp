@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "bd/kernel/arguments.hpp"
@@ -152,6 +153,23 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
   }
 }
 
+/// The packing space of the calling thread's GEMMs, at least `count` values: kept between calls
+/// and never filled (packing writes every value it reads, padding included), so the many
+/// products of preparation neither zero nor fault in fresh pages each time. Grows to the
+/// largest GEMM the thread has run. Allocated before any parallel region, so nothing inside
+/// one can throw.
+template <typename T>
+T* packing_buffer(std::size_t count) {
+  thread_local std::unique_ptr<T[]> buffer;
+  thread_local std::size_t capacity = 0;
+  if (capacity < count) {
+    buffer.reset();
+    buffer.reset(new T[count]);  // default-initialised: no fill
+    capacity = count;
+  }
+  return buffer.get();
+}
+
 /// The packed GEMM on one kernel. Work is split as a grid: the columns (all segments side by
 /// side) into `column_groups` equal ranges, cut anywhere, and the rows into threads /
 /// column_groups equal ranges only when the columns are too narrow to give every thread four
@@ -181,7 +199,7 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& blk,
   }
   const Index workers = column_groups * row_groups;
   const Index a_size = round_up(std::max<Index>(1, blk.mc), MR) * max_kc;  // ≥ the balanced mc of run_block_pass
-  std::vector<T> buffers(static_cast<std::size_t>((b_size + a_size) * workers));
+  T* const buffers = packing_buffer<T>(static_cast<std::size_t>((b_size + a_size) * workers));
 #ifdef _OPENMP
 #pragma omp parallel num_threads(static_cast<int>(workers))
 #endif
@@ -192,7 +210,7 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& blk,
     const Index me = 0, team = 1;
 #endif
     for (Index w = me; w < workers; w += team) {  // a smaller team than asked for takes several shares
-      T* packed_b = buffers.data() + w * (b_size + a_size);
+      T* packed_b = buffers + w * (b_size + a_size);
       T* packed_a = packed_b + b_size;
       const Index r0 = (w / column_groups) * group_rows, r1 = std::min(a.rows, r0 + group_rows);
       if (r0 >= r1) continue;
