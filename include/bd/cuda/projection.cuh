@@ -70,7 +70,9 @@ Status check_arguments(const ProjectionArguments<T>& a, const char* who) {
     return Status::failure(w + "heads = " + describe(a.heads) + ", head_dim = " + describe(a.head_dim) + ", expected both > 0");
   if (a.head_dim > a.input_dim)
     return Status::failure(w + "head_dim " + describe(a.head_dim) + " exceeds input_dim " + describe(a.input_dim));
-  if (a.window_offset < 0 || a.window_offset + a.head_dim > a.input_dim)
+  // offset > d − d_h, not offset + d_h > d: the sum overflows int for an offset near INT_MAX
+  // (head_dim ≤ input_dim is checked above, so the difference cannot).
+  if (a.window_offset < 0 || a.window_offset > a.input_dim - a.head_dim)
     return Status::failure(w + "window_offset " + describe(a.window_offset) + " puts the window outside [0, " +
                            describe(a.input_dim) + "); expected 0 ≤ offset ≤ input_dim − head_dim = " +
                            describe(a.input_dim - a.head_dim));
