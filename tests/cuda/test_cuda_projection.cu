@@ -1,15 +1,21 @@
 // The BD projection on a GPU equals the CPU reference
 //     K'[l, h·d_h + j] = X[l, o + j] + Σ_k X[l, rest(k)]·C[k, h·d_h + j]
 // for every window position (multiples of 8), odd L, L not a multiple of the 128-row tile,
-// n·d_h not a multiple of the 128-column tile, half and bfloat16, through the tensor-core kernel
-// and through cuBLAS; and can_implement/run refuse what they cannot do, with the reason.
+// n·d_h not a multiple of the 128-column tile, three or more k-tiles at small d, half and
+// bfloat16, through the tensor-core kernel, cuBLAS and cuBLASLt, on a non-default stream. K' sits
+// between guard bands and starts filled with a NaN sentinel: an unwritten output or a write past
+// either end fails. And run() refuses what it cannot do, with the reason, does not report a
+// caller's pending error as its own, and gives a borrowed cuBLAS handle its stream back.
 // Without a CUDA device it prints why and exits 77, which ctest reports as skipped.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include <bd/cuda/cublaslt_projection.cuh>
 #include <bd/cuda/projection.cuh>
 
 namespace {
@@ -46,28 +52,43 @@ struct Device {
   ~Device() { cudaFree(p); }
 };
 
+constexpr std::size_t kGuard = 64;  // elements of guard band on each side of K'
+
+/// Runs `impl` on L × d input and checks K' against the CPU reference, its guard bands, and that
+/// every output was written.
 template <typename T, typename Impl>
-void check(const char* name, Impl& impl, int L, int d, int dh, int n, int o, unsigned seed) {
+void check(const char* name, Impl& impl, cudaStream_t stream, int L, int d, int dh, int n, int o, unsigned seed) {
   const int N = n * dh, K = d - dh;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
-  std::vector<T> x(std::size_t(L) * d), c(std::size_t(K) * N), out(std::size_t(L) * N);
+  std::vector<T> x(std::size_t(L) * d), c(std::size_t(K) * N), out(std::size_t(L) * N + 2 * kGuard);
   for (auto& v : x) v = from_float<T>(normal(rng));
   for (auto& v : c) v = from_float<T>(normal(rng) / std::sqrt(float(K)));
   Device<T> dx(x.size()), dc(c.size()), dout(out.size());
   cudaMemcpy(dx.p, x.data(), x.size() * sizeof(T), cudaMemcpyHostToDevice);
   cudaMemcpy(dc.p, c.data(), c.size() * sizeof(T), cudaMemcpyHostToDevice);
-  bd::cuda::ProjectionArguments<T> a{dx.p, dc.p, dout.p, L, d, dh, n, o};
-  const bd::cuda::Status s = impl.run(a);
-  const bd::cuda::Status synced = bd::cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cudaMemset(dout.p, 0xFF, out.size() * sizeof(T));  // 0xFFFF: a NaN in half and in bfloat16
+  bd::cuda::ProjectionArguments<T> a{dx.p, dc.p, dout.p + kGuard, L, d, dh, n, o};
+  bd::cuda::Status s = bd::cuda::Status::success();
+  if constexpr (std::is_same_v<Impl, bd::cuda::CublasLtBDProjection<T>>) s = impl.plan(a);
+  if (s) s = impl.run(a, stream);
+  const bd::cuda::Status synced = bd::cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   const std::string where = std::string(name) + " " + bd::cuda::DataType<T>::name + " L=" + std::to_string(L) + " d=" +
                             std::to_string(d) + " d_h=" + std::to_string(dh) + " n=" + std::to_string(n) + " o=" + std::to_string(o);
   expect(s.ok() && synced.ok(), where + ": " + s.message() + synced.message());
   if (!s.ok() || !synced.ok()) return;
   cudaMemcpy(out.data(), dout.p, out.size() * sizeof(T), cudaMemcpyDeviceToHost);
+  std::size_t guards_touched = 0;
+  for (std::size_t g = 0; g < kGuard; ++g) {
+    guards_touched += reinterpret_cast<const std::uint16_t&>(out[g]) != 0xFFFF;
+    guards_touched += reinterpret_cast<const std::uint16_t&>(out[out.size() - 1 - g]) != 0xFFFF;
+  }
+  expect(guards_touched == 0, where + ": " + std::to_string(guards_touched) + " guard elements written");
   // Bound: one rounding to T of the result (u_T·|ref|) plus fp32 accumulation over K + 1 terms
-  // ((K + 1)·2^-24·Σ|terms|, doubled for the order cuBLAS or the kernel chooses).
+  // ((K + 1)·2^-24·Σ|terms|, doubled for the order cuBLAS or the kernel chooses). A NaN (the
+  // sentinel of an unwritten output) fails explicitly: it would slip through a max().
   double worst = 0;
+  std::size_t not_finite = 0;
   for (int l = 0; l < L; ++l)
     for (int col = 0; col < N; ++col) {
       double ref = to_float(x[std::size_t(l) * d + o + col % dh]), mag = std::fabs(ref);
@@ -76,34 +97,44 @@ void check(const char* name, Impl& impl, int L, int d, int dh, int n, int o, uns
         const double term = double(to_float(x[std::size_t(l) * d + ch])) * to_float(c[std::size_t(k) * N + col]);
         ref += term, mag += std::fabs(term);
       }
-      const double err = std::fabs(double(to_float(out[std::size_t(l) * N + col])) - ref);
+      const double got = to_float(out[kGuard + std::size_t(l) * N + col]);
+      if (!std::isfinite(got)) {
+        ++not_finite;
+        continue;
+      }
       const double bound = unit_roundoff<T>() * std::fabs(ref) + 2.0 * (K + 1) * std::ldexp(1.0, -24) * mag + 1e-30;
-      worst = std::max(worst, err / bound);
+      worst = std::max(worst, std::fabs(got - ref) / bound);
     }
+  expect(not_finite == 0, where + ": " + std::to_string(not_finite) + " outputs unwritten or not finite");
   expect(worst <= 1.0, where + ": error " + std::to_string(worst) + " × the bound");
 }
 
 template <typename T>
-void suite(cublasHandle_t handle) {
+void suite(cublasHandle_t handle, cublasLtHandle_t lt_handle, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   bd::cuda::BDProjection<T> kernel;
   bd::cuda::CublasBDProjection<T> cublas(handle);
-  for (int o = 0; o + 16 <= 64; o += 8) {  // every window position of a 64-wide input, d_h = 16
-    for (int L : {1, 7, 130}) {
-      check<T>("kernel", kernel, L, 64, 16, 9, o, unsigned(L * 100 + o));  // n·d_h = 144: a partial column tile
-      check<T>("cublas", cublas, L, 64, 16, 9, o, unsigned(L * 100 + o + 1));
-    }
-  }
-  for (int o : {0, 64, 384}) {  // DeepSeek-V3's head shape, 3 heads, L across two row tiles plus a remainder
-    check<T>("kernel", kernel, 257, 512, 128, 3, o, unsigned(o + 7));
-    check<T>("cublas", cublas, 257, 512, 128, 3, o, unsigned(o + 8));
-  }
-  check<T>("kernel", kernel, 33, 16, 16, 2, 0, 9);  // the window is all of X: K' is the window alone
+  bd::cuda::CublasLtBDProjection<T> cublaslt(lt_handle, workspace, workspace_bytes);
+  const auto all = [&](int L, int d, int dh, int n, int o, unsigned seed) {
+    check<T>("kernel", kernel, stream, L, d, dh, n, o, seed);
+    check<T>("cublas", cublas, stream, L, d, dh, n, o, seed + 1);
+    check<T>("cublaslt", cublaslt, stream, L, d, dh, n, o, seed + 2);
+  };
+  for (int o = 0; o + 16 <= 64; o += 8)  // every window position of a 64-wide input, d_h = 16
+    for (int L : {1, 7, 130}) all(L, 64, 16, 9, o, unsigned(L * 100 + o));  // n·d_h = 144: a partial column tile
+  for (int o = 0; o + 8 <= 112; o += 8) all(7, 112, 8, 3, o, unsigned(5000 + o));  // K = 104: four k-tiles, the last partial
+  for (int o : {0, 40, 88}) all(131, 104, 16, 9, o, unsigned(6000 + o));
+  for (int o : {0, 64, 256, 384}) all(257, 512, 128, 3, o, unsigned(o + 7));  // DeepSeek-V3's head shape, 3 heads
+  all(33, 16, 16, 2, 0, 9);  // the window is all of X: K' is the window alone
+  cublaslt.plan({nullptr, nullptr, nullptr, 1, 512, 128, 3, 256});
+  std::printf("cuBLASLt (%s, middle window): %s\n", bd::cuda::DataType<T>::name, cublaslt.plan_summary().c_str());
 }
 
-void refusals() {
+__global__ void nothing() {}
+
+void refusals(cublasHandle_t handle) {
   bd::cuda::BDProjection<__half> kernel;
-  Device<__half> buffer(4096);
-  bd::cuda::ProjectionArguments<__half> a{buffer.p, buffer.p, buffer.p, 4, 64, 16, 2, 4};
+  Device<__half> buffer(8192);
+  bd::cuda::ProjectionArguments<__half> a{buffer.p, buffer.p + 4096, buffer.p + 6144, 4, 64, 16, 2, 4};
   bd::cuda::Status s = kernel.run(a);
   expect(!s.ok() && s.message().find("multiples of 8") != std::string::npos, "offset 4 refused: " + s.message());
   a.window_offset = 56;
@@ -114,9 +145,38 @@ void refusals() {
   s = kernel.run(a);
   expect(!s.ok() && s.message().find("16-byte aligned") != std::string::npos, "misaligned x refused: " + s.message());
   a.x = buffer.p;
-  a.out = nullptr;
-  s = bd::cuda::BDProjection<__half>::can_implement(a);
-  expect(!s.ok() && s.message().find("null") != std::string::npos, "null out refused: " + s.message());
+  a.out = buffer.p + 128;
+  s = kernel.run(a);
+  expect(!s.ok() && s.message().find("overlaps") != std::string::npos, "out overlapping x refused: " + s.message());
+  a.out = buffer.p + 6144;
+
+  // A caller's pending error (an invalid launch configuration, which is not sticky) is not
+  // reported as the run's own, and is left for the caller to read.
+  bd::cuda::CublasBDProjection<__half> cublas(handle);
+  nothing<<<1, 4096>>>();
+  s = cublas.run(a);
+  expect(!s.ok() && s.message().find("pending") != std::string::npos, "a pending error is named as earlier: " + s.message());
+  expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "the caller's error is still there to read");
+  s = cublas.run(a);
+  expect(s.ok() && cudaDeviceSynchronize() == cudaSuccess, "once cleared, run() launches: " + s.message());
+
+  // The borrowed handle's stream is the caller's again after run().
+  cudaStream_t mine = nullptr, other = nullptr;
+  cudaStreamCreate(&mine);
+  cudaStreamCreate(&other);
+  cublasSetStream(handle, mine);
+  s = cublas.run(a, other);
+  cudaStream_t after = nullptr;
+  cublasGetStream(handle, &after);
+  expect(s.ok() && after == mine, "CublasBDProjection restores the handle's stream");
+  bd::cuda::CublasDense<__half> dense(handle);
+  s = dense.run(buffer.p, buffer.p + 4096, buffer.p + 6144, 4, 64, 32, other);
+  cublasGetStream(handle, &after);
+  expect(s.ok() && after == mine, "CublasDense restores the handle's stream");
+  cudaDeviceSynchronize();
+  cublasSetStream(handle, nullptr);
+  cudaStreamDestroy(mine);
+  cudaStreamDestroy(other);
 }
 
 }  // namespace
@@ -133,13 +193,21 @@ int main() {
     std::printf("FAILED: cublasCreate\n");
     return 1;
   }
+  cublasLtHandle_t lt_handle;
+  cublasLtCreate(&lt_handle);
+  const std::size_t workspace_bytes = std::size_t(32) << 20;
+  Device<unsigned char> workspace(workspace_bytes);
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);  // not the default stream
   if (cc >= 80) {
-    suite<__half>(handle);
-    suite<__nv_bfloat16>(handle);
+    suite<__half>(handle, lt_handle, workspace.p, workspace_bytes, stream);
+    suite<__nv_bfloat16>(handle, lt_handle, workspace.p, workspace_bytes, stream);
   } else {
     std::printf("compute capability below 8.0: only the refusals are tested\n");
   }
-  refusals();
+  cudaStreamDestroy(stream);
+  cublasLtDestroy(lt_handle);
+  refusals(handle);
   cublasDestroy(handle);
   std::printf(failures ? "%d check(s) FAILED\n" : "all CUDA projection checks passed\n", failures);
   return failures ? 1 : 0;

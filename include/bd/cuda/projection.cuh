@@ -7,13 +7,17 @@
 //                          the window into K', then K' += X[:, rest piece]·C[piece rows] with one
 //                          cublasGemmEx per piece of rest (two when the window is in the middle).
 //   CublasDense<T>         K = X·W with one cublasGemmEx: the dense baseline.
+//   (CublasLtBDProjection<T>, the cuBLASLt path, is in cublaslt_projection.cuh.)
 // T is __half or __nv_bfloat16; every matrix is row-major and every pointer is device memory.
 //
-// On cuBLASLt: its matmul D = α·A·B + β·C takes C and D as separate descriptors, so the window
-// could in principle be C with ldc = d and a zero batch stride across heads, saving the
-// broadcast pass. Whether its heuristics return an algorithm for a C whose layout differs from D's
-// can only be asked of a GPU, and this code has not yet run on one; the fallback therefore uses
-// plain cublasGemmEx with β = 1, which is certain to be supported.
+// Checks come in two kinds. check(args) looks only at the arguments (sizes, offsets, alignment,
+// overlap, grid limits) and runs on the host without a device, which is how the cuda-host tests
+// exercise every refusal. The device (present? sm_80?) is queried once, when an implementation is
+// constructed; run() repeats only the argument check, so nothing queries the device per launch.
+//
+// Errors are attributed honestly: run() does not launch over an error the caller left pending
+// (it would otherwise report it, and clear it, as its own), and a borrowed cuBLAS handle gets its
+// caller's stream back when run() returns.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +27,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "bd/cuda/device.cuh"
 #include "bd/cuda/projection_kernel.cuh"
 #include "bd/cuda/status.cuh"
 
@@ -56,12 +61,18 @@ struct ProjectionArguments {
 
 namespace detail {
 
-inline std::string describe(int value) { return std::to_string(value); }
+inline std::string describe(long long value) { return std::to_string(value); }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-/// Checks shared by every implementation: sizes in range, offsets and pointers as the 16-byte
-/// accesses need them.
+/// Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+inline bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const std::uintptr_t p = reinterpret_cast<std::uintptr_t>(a), q = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && p < q + b_bytes && q < p + a_bytes;
+}
+
+/// Checks shared by every implementation, on the arguments alone (no device query): sizes in range,
+/// offsets and pointers as the 16-byte accesses need them, out not overlapping what it is computed from.
 template <typename T>
 Status check_arguments(const ProjectionArguments<T>& a, const char* who) {
   const std::string w = std::string(who) + ": ";
@@ -79,13 +90,85 @@ Status check_arguments(const ProjectionArguments<T>& a, const char* who) {
   if (a.input_dim % 8 || a.head_dim % 8 || a.window_offset % 8)
     return Status::failure(w + "input_dim " + describe(a.input_dim) + ", head_dim " + describe(a.head_dim) + " and window_offset " +
                            describe(a.window_offset) + " must be multiples of 8 (16-byte accesses)");
-  if ((long long)a.heads * a.head_dim > INT32_MAX)
-    return Status::failure(w + "heads·head_dim exceeds what 32-bit cuBLAS dimensions address");
+  const long long N = (long long)a.heads * a.head_dim;
+  if (N > INT32_MAX) return Status::failure(w + "heads·head_dim = " + describe(N) + " exceeds what 32-bit dimensions address");
   if (a.rows == 0) return Status::success();
   if (!a.x || !a.out || (!a.coeff && a.input_dim > a.head_dim)) return Status::failure(w + "a null device pointer (x, coeff or out)");
   if (!aligned16(a.x) || !aligned16(a.out) || (a.coeff && !aligned16(a.coeff)))
     return Status::failure(w + "x, coeff and out must be 16-byte aligned device pointers");
+  const std::size_t out_bytes = std::size_t(a.rows) * std::size_t(N) * sizeof(T);
+  if (overlap(a.out, out_bytes, a.x, std::size_t(a.rows) * std::size_t(a.input_dim) * sizeof(T)))
+    return Status::failure(w + "out overlaps x; K' must be written to a separate buffer");
+  if (overlap(a.out, out_bytes, a.coeff, std::size_t(a.input_dim - a.head_dim) * std::size_t(N) * sizeof(T)))
+    return Status::failure(w + "out overlaps coeff; K' must be written to a separate buffer");
   return Status::success();
+}
+
+/// The device check every implementation makes against the DeviceInfo it cached.
+inline Status check_device(const DeviceInfo& device, int min_capability, const char* who, const char* needs) {
+  if (!device.present()) return Status::failure(std::string(who) + ": no CUDA device is present");
+  if (device.capability < min_capability)
+    return Status::failure(std::string(who) + ": needs compute capability " + describe(min_capability / 10) + "." +
+                           describe(min_capability % 10) + " or newer (" + needs + "); the device has " + device.capability_text());
+  return Status::success();
+}
+
+/// Refuses to launch while an error the caller left is pending: a launch checked afterwards with
+/// cudaGetLastError would report that error as its own and clear it from the caller's sight.
+inline Status no_pending_error(const char* who) {
+  const cudaError_t pending = cudaPeekAtLastError();
+  if (pending == cudaSuccess) return Status::success();
+  return Status::failure(std::string(who) + ": not launched: a CUDA error from before this call is pending (" +
+                         cudaGetErrorName(pending) + ": " + cudaGetErrorString(pending) +
+                         "); read and clear it with cudaGetLastError() first");
+}
+
+/// Launches `kernel(params)` and returns this launch's own status (cudaLaunchKernel reports it
+/// directly; the error state it also sets is consumed, since it is ours).
+template <typename Kernel>
+Status launch(Kernel* kernel, dim3 grid, dim3 block, kernel::ProjectionParams params, cudaStream_t stream, const char* what) {
+  void* args[] = {&params};
+  const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, args, 0, stream);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return check(e, what);
+}
+
+/// Points a borrowed cuBLAS handle at `stream` for one call and gives the caller's stream back.
+class HandleStream {
+public:
+  HandleStream(cublasHandle_t handle, cudaStream_t stream, const char* who) : handle_(handle) {
+    status_ = check(cublasGetStream(handle_, &saved_), (std::string(who) + ": cublasGetStream").c_str());
+    if (status_) {
+      status_ = check(cublasSetStream(handle_, stream), (std::string(who) + ": cublasSetStream").c_str());
+      restore_ = status_.ok();
+    }
+  }
+  ~HandleStream() {
+    if (restore_) (void)cublasSetStream(handle_, saved_);
+  }
+  HandleStream(const HandleStream&) = delete;
+  HandleStream& operator=(const HandleStream&) = delete;
+  const Status& status() const { return status_; }
+
+private:
+  cublasHandle_t handle_;
+  cudaStream_t saved_ = nullptr;
+  bool restore_ = false;
+  Status status_ = Status::success();
+};
+
+inline kernel::ProjectionParams params_of(const void* x, const void* coeff, void* out, int rows, int input_dim, int head_dim,
+                                          int heads, int offset) {
+  return {x, coeff, out, rows, input_dim, head_dim, heads, offset};
+}
+
+/// The window broadcast into every head's columns of K' (the cuBLAS paths' first step).
+template <typename T>
+Status broadcast(const ProjectionArguments<T>& a, cudaStream_t stream, const char* what) {
+  const long long pairs = (long long)a.rows * a.heads * a.head_dim / 2;
+  const unsigned blocks = static_cast<unsigned>(std::min<long long>((pairs + 255) / 256, 65535));
+  return launch(&kernel::broadcast_window<T>, dim3(blocks), dim3(256),
+                params_of(a.x, a.coeff, a.out, a.rows, a.input_dim, a.head_dim, a.heads, a.window_offset), stream, what);
 }
 
 }  // namespace detail
@@ -96,65 +179,81 @@ class BDProjection {
 public:
   using Arguments = ProjectionArguments<T>;
 
-  /// Success, or why these arguments (or this device) cannot run the kernel.
-  static Status can_implement(const Arguments& a) {
+  /// Queries the current device once; run() launches on it.
+  BDProjection() : device_(DeviceInfo::current()) {}
+
+  /// The argument checks alone, with no device query: sizes, offsets, alignment, overlap, and the
+  /// launch grid (at most 65535 row tiles of 128).
+  static Status check(const Arguments& a) {
     Status s = detail::check_arguments(a, "BDProjection");
     if (!s) return s;
-    const int cc = device_capability();
-    if (cc == 0) return Status::failure("BDProjection: no CUDA device is present");
-    if (cc < 80)
-      return Status::failure("BDProjection: needs compute capability 8.0 or newer (mma.sync m16n8k16, cp.async); the device has " +
-                             std::to_string(cc / 10) + "." + std::to_string(cc % 10));
+    const kernel::Grid grid = kernel::grid_for(a.rows, a.heads * a.head_dim);
+    if (grid.y > kernel::kMaxGridY)
+      return Status::failure("BDProjection: rows = " + detail::describe(a.rows) + " need " + detail::describe(grid.y) +
+                             " row tiles of " + detail::describe(kernel::kTileRows) + "; the grid allows " +
+                             detail::describe(kernel::kMaxGridY) + " (split the rows into several calls)");
     return Status::success();
+  }
+
+  /// Success, or why these arguments or this device cannot run the kernel.
+  Status can_implement(const Arguments& a) const {
+    Status s = check(a);
+    if (!s) return s;
+    return detail::check_device(device_, 80, "BDProjection", "mma.sync m16n8k16, cp.async");
   }
 
   /// Launches on `stream`; returns the launch's status (kernel faults surface at the next sync).
   Status run(const Arguments& a, cudaStream_t stream = nullptr) const {
     Status s = can_implement(a);
     if (!s || a.rows == 0) return s;
-    const int N = a.heads * a.head_dim;
-    const dim3 grid((N + kernel::kTileCols - 1) / kernel::kTileCols, (a.rows + kernel::kTileRows - 1) / kernel::kTileRows);
-    if (grid.y > 65535u) return Status::failure("BDProjection: rows " + std::to_string(a.rows) + " exceed 65535 row tiles of 128");
-    kernel::bd_projection<T><<<grid, kernel::kThreads, 0, stream>>>(params(a));
-    return check(cudaGetLastError(), "BDProjection: launching bd_projection");
+    if (!(s = detail::no_pending_error("BDProjection"))) return s;
+    const kernel::Grid grid = kernel::grid_for(a.rows, a.heads * a.head_dim);
+    return detail::launch(&kernel::bd_projection<T>, dim3(unsigned(grid.x), unsigned(grid.y)), dim3(kernel::kThreads), params(a),
+                          stream, "BDProjection: launching bd_projection");
   }
 
   static kernel::ProjectionParams params(const Arguments& a) {
-    return {a.x, a.coeff, a.out, a.rows, a.input_dim, a.head_dim, a.heads, a.window_offset};
+    return detail::params_of(a.x, a.coeff, a.out, a.rows, a.input_dim, a.head_dim, a.heads, a.window_offset);
   }
+
+  const DeviceInfo& device() const { return device_; }
+
+private:
+  DeviceInfo device_;
 };
 
-/// The same result through cuBLAS (reference and fallback). The handle is borrowed.
+/// The same result through cuBLAS (reference and fallback). The handle is borrowed: its stream is
+/// set for each run and restored after.
 template <typename T>
 class CublasBDProjection {
 public:
   using Arguments = ProjectionArguments<T>;
-  explicit CublasBDProjection(cublasHandle_t handle) : handle_(handle) {}
+  explicit CublasBDProjection(cublasHandle_t handle) : handle_(handle), device_(DeviceInfo::current()) {}
 
-  static Status can_implement(const Arguments& a) {
-    Status s = detail::check_arguments(a, "CublasBDProjection");
+  static Status check(const Arguments& a) { return detail::check_arguments(a, "CublasBDProjection"); }
+
+  Status can_implement(const Arguments& a) const {
+    Status s = check(a);
     if (!s) return s;
-    if (device_capability() == 0) return Status::failure("CublasBDProjection: no CUDA device is present");
-    return Status::success();
+    return detail::check_device(device_, 0, "CublasBDProjection", "");
   }
 
   Status run(const Arguments& a, cudaStream_t stream = nullptr) const {
     Status s = can_implement(a);
     if (!s || a.rows == 0) return s;
-    const int N = a.heads * a.head_dim, o = a.window_offset, right = a.input_dim - a.head_dim - o;
-    const long long pairs = (long long)a.rows * N / 2;
-    const int blocks = static_cast<int>(std::min<long long>((pairs + 255) / 256, 65535));
-    kernel::broadcast_window<T><<<blocks, 256, 0, stream>>>(BDProjection<T>::params(a));
-    if (!(s = check(cudaGetLastError(), "CublasBDProjection: launching broadcast_window"))) return s;
-    if (!(s = check(cublasSetStream(handle_, stream), "CublasBDProjection: cublasSetStream"))) return s;
+    if (!(s = detail::no_pending_error("CublasBDProjection"))) return s;
+    if (!(s = detail::broadcast(a, stream, "CublasBDProjection: launching broadcast_window"))) return s;
+    const detail::HandleStream on_stream(handle_, stream, "CublasBDProjection");
+    if (!on_stream.status()) return on_stream.status();
     // Column-major view: K'ᵀ (N × L, ld N) += Cᵀ[:, piece] (N × k, ld N) · Xᵀ[piece, :] (k × L, ld d).
+    const int N = a.heads * a.head_dim, o = a.window_offset, right = a.input_dim - a.head_dim - o;
     const float one = 1.0f;
     const auto gemm = [&](int k, const T* c_rows, const T* x_cols, const char* what) {
       if (k == 0) return Status::success();
-      return check(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, N, a.rows, k, &one, c_rows, DataType<T>::value, N, x_cols,
-                                DataType<T>::value, a.input_dim, &one, a.out, DataType<T>::value, N, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT),
-                   what);
+      return bd::cuda::check(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, N, a.rows, k, &one, c_rows, DataType<T>::value, N,
+                                          x_cols, DataType<T>::value, a.input_dim, &one, a.out, DataType<T>::value, N,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                             what);
     };
     if (!(s = gemm(o, a.coeff, a.x, "CublasBDProjection: cublasGemmEx (channels left of the window)"))) return s;
     return gemm(right, a.coeff + (long long)o * N, a.x + o + a.head_dim,
@@ -163,9 +262,11 @@ public:
 
 private:
   cublasHandle_t handle_;
+  DeviceInfo device_;
 };
 
-/// K = X·W (rows × out_dim) with one cublasGemmEx, fp32 accumulation: the dense baseline.
+/// K = X·W (rows × out_dim) with one cublasGemmEx, fp32 accumulation: the dense baseline. The
+/// handle is borrowed, as for CublasBDProjection.
 template <typename T>
 class CublasDense {
 public:
@@ -176,8 +277,8 @@ public:
       return Status::failure("CublasDense: rows " + std::to_string(rows) + ", input_dim " + std::to_string(input_dim) +
                              ", out_dim " + std::to_string(out_dim) + ": expected rows ≥ 0 and positive widths");
     if (rows == 0) return Status::success();
-    Status s = check(cublasSetStream(handle_, stream), "CublasDense: cublasSetStream");
-    if (!s) return s;
+    const detail::HandleStream on_stream(handle_, stream, "CublasDense");
+    if (!on_stream.status()) return on_stream.status();
     const float one = 1.0f, zero = 0.0f;
     return check(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, out_dim, rows, input_dim, &one, w, DataType<T>::value, out_dim, x,
                               DataType<T>::value, input_dim, &zero, out, DataType<T>::value, out_dim, CUBLAS_COMPUTE_32F,

@@ -8,12 +8,12 @@
 // window straight into its fragment registers), so K' is written exactly once; rest(k) = k for
 // k < o and k + d_h after, so the k loop simply skips the window's channels.
 //
-// Tiling (an Ampere-style GEMM): a CTA of 8 warps computes 128 × 128 outputs, each warp 64 × 32
-// as 4 × 4 m16n8 tiles; 32-wide k-tiles of X_rest and C are staged through double-buffered
-// shared memory with cp.async (16-byte chunks, zero-filled past the edges) and fed to the tensor
-// cores with ldmatrix (.trans for C). Rows are padded by 8 elements, which makes both ldmatrix
-// patterns free of bank conflicts. Requirements the host wrapper checks (projection.cuh): 16-byte
-// aligned pointers, d, d_h and o multiples of 8 (a 16-byte chunk never straddles the window).
+// Tiling (an Ampere-style GEMM; every index in tile_layout.cuh, where the host tests check it):
+// a CTA of 8 warps computes 128 × 128 outputs, each warp 64 × 32 as 4 × 4 m16n8 tiles; 32-wide
+// k-tiles of X_rest and C are staged through double-buffered shared memory with cp.async (16-byte
+// chunks, zero-filled past the edges) and fed to the tensor cores with ldmatrix (.trans for C).
+// Requirements the host wrapper checks (projection.cuh): 16-byte aligned pointers, d, d_h and o
+// multiples of 8 (a 16-byte chunk never straddles the window).
 // Device code needs sm_80 or newer; other architectures trap rather than compute garbage.
 #pragma once
 
@@ -23,23 +23,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "bd/cuda/tile_layout.cuh"
+
 namespace bd::cuda::kernel {
-
-constexpr int kTileRows = 128, kTileCols = 128, kTileDepth = 32, kThreads = 256;
-constexpr int kPad = 8;
-constexpr int kStrideA = kTileDepth + kPad;  // X tile: kTileRows × kTileDepth (+pad), row-major
-constexpr int kStrideB = kTileCols + kPad;   // C tile: kTileDepth × kTileCols (+pad), row-major
-
-struct ProjectionParams {
-  const void* x;
-  const void* coeff;
-  void* out;
-  int rows;        // L
-  int input_dim;   // d
-  int head_dim;    // d_h
-  int heads;       // n
-  int offset;      // o
-};
 
 template <typename T>
 struct Pair;
@@ -102,85 +88,80 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) bd_projection(ProjectionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using P = Pair<T>;
-  __shared__ alignas(16) T tile_x[2][kTileRows * kStrideA];
-  __shared__ alignas(16) T tile_c[2][kTileDepth * kStrideB];
+  __shared__ alignas(16) T tile_x[kStages][kTileRows * kStrideA];
+  __shared__ alignas(16) T tile_c[kStages][kTileDepth * kStrideB];
   const T* X = static_cast<const T*>(p.x);
   const T* C = static_cast<const T*>(p.coeff);
   T* out = static_cast<T*>(p.out);
-  const int N = p.heads * p.head_dim, K = p.input_dim - p.head_dim, d = p.input_dim;
+  const int N = p.heads * p.head_dim, K = p.input_dim - p.head_dim;
   const int row0 = blockIdx.y * kTileRows, col0 = blockIdx.x * kTileCols;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_row = (warp / 4) * 64, warp_col = (warp % 4) * 32;
-  const int group = lane >> 2, quad = lane & 3;  // the mma fragment coordinates
 
-  // Accumulators start from the window: element (r, c) begins as X[r, o + c mod d_h]. A thread
+  // Accumulators start from the window: output (r, c) begins as X[r, o + c mod d_h]. A thread
   // holds columns c, c+1 (same head: d_h is even) of rows r and r+8 of each m16n8 tile.
   // for_pairs visits every (row, column pair) this thread holds, with its two accumulators.
-  float acc[4][4][4];
+  float acc[kWarpTilesM][kWarpTilesN][4];
   const auto for_pairs = [&](auto&& visit) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < kWarpTilesM; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < kWarpTilesN; ++j)
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
-          visit(row0 + warp_row + i * 16 + group + half * 8, col0 + warp_col + j * 8 + quad * 2, &acc[i][j][half * 2]);
+        for (int half = 0; half < 2; ++half) {
+          const TileIndex at = accumulator(warp, lane, i, j, half);
+          visit(row0 + at.row, col0 + at.col, &acc[i][j][half * 2]);
+        }
   };
   for_pairs([&](int r, int c, float* pair) {
     float2 v = make_float2(0.f, 0.f);
-    if (r < p.rows && c < N)
-      v = P::to_float2(*reinterpret_cast<const typename P::type*>(X + size_t(r) * d + p.offset + c % p.head_dim));
+    if (r < p.rows && c < N) v = P::to_float2(*reinterpret_cast<const typename P::type*>(X + window_source(p, r, c)));
     pair[0] = v.x, pair[1] = v.y;
   });
 
-  // One k-tile: 128 × 32 of X_rest (2 chunks of 8 per thread) and 32 × 128 of C (2 per thread).
+  // One k-tile: kChunkPasses chunks of X_rest and of C per thread, zero-filled where out of range.
   const auto load = [&](int stage, int k0) {
 #pragma unroll
-    for (int it = 0; it < 2; ++it) {
-      const int q = threadIdx.x + it * kThreads;
-      const int r = q / (kTileDepth / 8), kc = (q % (kTileDepth / 8)) * 8;
-      const int k = k0 + kc, channel = k < p.offset ? k : k + p.head_dim;
-      const bool valid = row0 + r < p.rows && k < K;
-      cp_async_16(&tile_x[stage][r * kStrideA + kc], valid ? X + size_t(row0 + r) * d + channel : X, valid);
+    for (int pass = 0; pass < kChunkPasses; ++pass) {
+      const TileIndex at = x_chunk(threadIdx.x, pass);
+      const long long from = x_source(p, row0, k0, at);
+      cp_async_16(&tile_x[stage][at.row * kStrideA + at.col], from >= 0 ? X + from : X, from >= 0);
     }
 #pragma unroll
-    for (int it = 0; it < 2; ++it) {
-      const int q = threadIdx.x + it * kThreads;
-      const int r = q / (kTileCols / 8), cc = (q % (kTileCols / 8)) * 8;
-      const bool valid = k0 + r < K && col0 + cc < N;
-      cp_async_16(&tile_c[stage][r * kStrideB + cc], valid ? C + size_t(k0 + r) * N + col0 + cc : C, valid);
+    for (int pass = 0; pass < kChunkPasses; ++pass) {
+      const TileIndex at = c_chunk(threadIdx.x, pass);
+      const long long from = c_source(p, col0, k0, at);
+      cp_async_16(&tile_c[stage][at.row * kStrideB + at.col], from >= 0 ? C + from : C, from >= 0);
     }
   };
 
   const int k_tiles = (K + kTileDepth - 1) / kTileDepth;
-  if (k_tiles > 0) load(0, 0);
+  if (k_tiles > 0) load(stage_of(0), 0);
   cp_async_commit();
   for (int t = 0; t < k_tiles; ++t) {
     if (t + 1 < k_tiles) {
-      load((t + 1) & 1, (t + 1) * kTileDepth);
+      load(stage_of(t + 1), (t + 1) * kTileDepth);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const T* xs = tile_x[t & 1];
-    const T* cs = tile_c[t & 1];
+    const T* xs = tile_x[stage_of(t)];
+    const T* cs = tile_c[stage_of(t)];
 #pragma unroll
-    for (int ks = 0; ks < kTileDepth; ks += 16) {
-      unsigned a[4][4], b[2][4];
+    for (int ks = 0; ks < kTileDepth; ks += kMmaK) {
+      unsigned a[kWarpTilesM][4], b[kWarpTilesN / 2][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        ldmatrix_x4(a[i], xs + (warp_row + i * 16 + (lane % 16)) * kStrideA + ks + (lane / 16) * 8);
+      for (int i = 0; i < kWarpTilesM; ++i) ldmatrix_x4(a[i], xs + a_ldmatrix_offset(warp, i, ks, lane));
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj)  // b[jj]: n-tiles 2jj (regs 0, 1) and 2jj+1 (regs 2, 3)
-        ldmatrix_x4_trans(b[jj], cs + (ks + (lane % 16)) * kStrideB + warp_col + jj * 16 + (lane / 16) * 8);
+      for (int jj = 0; jj < kWarpTilesN / 2; ++jj) ldmatrix_x4_trans(b[jj], cs + b_ldmatrix_offset(warp, jj, ks, lane));
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < kWarpTilesM; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mma_16816<T>(acc[i][j], a[i], b[j / 2][(j % 2) * 2], b[j / 2][(j % 2) * 2 + 1]);
+        for (int j = 0; j < kWarpTilesN; ++j)
+          mma_16816<T>(acc[i][j], a[i], b[b_load(j)][b_register(j, 0)], b[b_load(j)][b_register(j, 1)]);
     }
-    __syncthreads();  // the stage is overwritten by the load two iterations on
+    __syncthreads();  // this stage is overwritten by the load issued at the top of iteration t + 1
   }
 
   // Round once and store each thread's pairs.
@@ -203,7 +184,7 @@ __global__ void broadcast_window(ProjectionParams p) {
   for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < pairs; q += (long long)gridDim.x * blockDim.x) {
     const long long r = (2 * q) / N, c = (2 * q) % N;
     *reinterpret_cast<typename P::type*>(out + r * N + c) =
-        *reinterpret_cast<const typename P::type*>(X + r * p.input_dim + p.offset + c % p.head_dim);
+        *reinterpret_cast<const typename P::type*>(X + window_source(p, int(r), int(c)));
   }
 }
 

@@ -41,18 +41,4 @@ inline Status check(cublasStatus_t status, const char* call) {
                          cublasGetStatusString(status) + ")");
 }
 
-/// Whether a CUDA device is present, and its compute capability (major·10 + minor, 0 if none).
-inline int device_capability() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major * 10 + minor;
-}
-
 }  // namespace bd::cuda
