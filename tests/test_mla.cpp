@@ -2,6 +2,12 @@
 // against the dense reference run over the whole sequence.
 #include "nn_support.hpp"
 
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include <bd/nn/latent_permutation.hpp>
+
 using bd::nn::BDAttention;
 using bd::nn::BDAttentionOptions;
 using bd::nn::Mode;
@@ -121,4 +127,94 @@ TEST_CASE("MLA: bad caches and layers are refused with a message", "[mla][bad-in
     BD_CHECK_THROWS_CONTAINING(bd::nn::MultiHeadAttention<double>(layer.config(), w), bd::ShapeError,
                                Contains("W_qa is 40x7, expected 40 columns"));
   }
+}
+
+namespace {
+
+/// Every value of a stored tensor, sorted: equal for two tensors that hold the same numbers moved.
+template <typename M>
+std::vector<typename M::Scalar> sorted_values(const M& m) {
+  std::vector<typename M::Scalar> v(m.data(), m.data() + m.size());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("MLA with the latent reordered so the QK window is last: the same layer, one K' GEMM", "[mla][latent-order]") {
+  for (const bool q_lora : {false, true})
+    for (const auto basis : {bd::Basis::First, bd::Basis::ResidualMin, bd::Basis::OffsetSearch})
+      for (const auto mode : {Mode::QKVO, Mode::QK, Mode::VO}) {
+        INFO("q_lora " << q_lora << ", basis " << bd::to_string(basis) << ", mode " << bd::nn::to_string(mode));
+        const auto layer = bd_test::random_attention(mla(q_lora), 6);
+        const auto bd = BDAttention<double>::prepare(layer, BDAttentionOptions{}.with_mode(mode).with_basis(basis)
+                                                                .with_cost_policy(bd::nn::CostPolicy::Allow));
+        const auto moved = bd::nn::latent_window_last(bd);
+        const bd::nn::HeadIndices& window = bd::nn::has_qk(mode) ? moved.layer.qk_indices() : moved.layer.vo_indices();
+        CHECK(window.shared);
+        CHECK(window.offset == 32 - 8);  // d_kv − d_h: the rest is one piece, one GEMM call
+        // The dense layer reordered is the same function; so is the reordered BD layer, in a
+        // whole-sequence pass, chunked prefill and absorbed decoding.
+        const Eigen::MatrixXd x = bd_test::gaussian(8, 40, 25);
+        const Eigen::MatrixXd y = layer.forward(x);
+        CHECK(max_rel(bd::nn::permute_latent(layer, moved.order).forward(x), y) <= kDoubleBound);
+        CHECK(max_rel(moved.layer.forward(x), y) <= kDoubleBound);
+        bd::nn::LatentCache<double> cache;
+        Eigen::MatrixXd out(8, 40);
+        out.topRows(5) = moved.layer.prefill(x.topRows(5), cache);
+        out.bottomRows(3) = moved.layer.decode_absorbed(x.bottomRows(3), cache);
+        CHECK(max_rel(out, y) <= kDoubleBound);
+        // No number changed: the stored tensors hold the same values, moved.
+        CHECK(sorted_values(moved.layer.qk_coeff()) == sorted_values(bd.qk_coeff()));
+        CHECK(sorted_values(moved.layer.qk_basis()) == sorted_values(bd.qk_basis()));
+        CHECK(sorted_values(moved.layer.vo_coeff()) == sorted_values(bd.vo_coeff()));
+        CHECK(sorted_values(moved.layer.vo_basis()) == sorted_values(bd.vo_basis()));
+        CHECK(sorted_values(moved.layer.rest().W_dkv) == sorted_values(bd.rest().W_dkv));
+      }
+}
+
+TEST_CASE("MLA latent reordering: any permutation, per-head bases too, and back again bit for bit", "[mla][latent-order]") {
+  const auto layer = bd_test::random_attention(mla(true), 7).cast<float>();
+  for (const auto basis : {bd::Basis::Pivoted, bd::Basis::OffsetSearch}) {
+    INFO("basis " << bd::to_string(basis));
+    const auto bd = BDAttention<float>::prepare(layer, BDAttentionOptions{}.with_basis(basis).with_cost_policy(bd::nn::CostPolicy::Allow));
+    std::vector<Eigen::Index> order(32), back(32);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(11));
+    for (Eigen::Index j = 0; j < 32; ++j) back[std::size_t(order[std::size_t(j)])] = j;
+    const auto shuffled = bd::nn::permute_latent(bd, order);
+    const Eigen::MatrixXf x = bd_test::gaussian(6, 40, 26).cast<float>();
+    // fp32 operators, as in the float MLA test above: the reordered layer is as close to the
+    // dense one as the original BD layer is.
+    CHECK(max_rel(shuffled.forward(x), layer.forward(x)) <= bd_test::kFp32OperatorBound);
+    const auto restored = bd::nn::permute_latent(shuffled, back);
+    CHECK(restored.qk_indices().basis == bd.qk_indices().basis);
+    CHECK(restored.vo_indices().basis == bd.vo_indices().basis);
+    CHECK(restored.qk_coeff() == bd.qk_coeff());
+    CHECK(restored.qk_basis() == bd.qk_basis());
+    CHECK(restored.vo_coeff() == bd.vo_coeff());
+    CHECK(restored.vo_basis() == bd.vo_basis());
+    CHECK(restored.rest().W_dkv == bd.rest().W_dkv);
+    CHECK(restored.rest().kv_norm == bd.rest().kv_norm);
+  }
+}
+
+TEST_CASE("MLA latent reordering refuses what it cannot do, with a message", "[mla][latent-order][bad-input]") {
+  const auto layer = bd_test::random_attention(mla(false), 3);
+  const auto allow = BDAttentionOptions{}.with_cost_policy(bd::nn::CostPolicy::Allow);
+  const auto pivoted = BDAttention<double>::prepare(layer, BDAttentionOptions(allow).with_basis(bd::Basis::Pivoted));
+  REQUIRE_FALSE(pivoted.qk_indices().shared);  // random heads pivot to different channels
+  BD_CHECK_THROWS_CONTAINING(bd::nn::latent_window_last(pivoted), bd::RefusedError, Contains("per head (pivoted)"));
+  const auto first = BDAttention<double>::prepare(layer, BDAttentionOptions(allow).with_basis(bd::Basis::First));
+  std::vector<Eigen::Index> order(32);
+  std::iota(order.begin(), order.end(), 0);
+  order[5] = 4;
+  BD_CHECK_THROWS_CONTAINING(bd::nn::permute_latent(first, order), bd::RangeError, Contains("entry 5 is 4 (repeated)"));
+  order[5] = 32;
+  BD_CHECK_THROWS_CONTAINING(bd::nn::permute_latent(layer, order), bd::RangeError, Contains("out of range"));
+  order.pop_back();
+  BD_CHECK_THROWS_CONTAINING(bd::nn::permute_latent(first, order), bd::ShapeError, Contains("expected the latent width 32"));
+  bd_test::LayerSpec plain;
+  const auto mha = BDAttention<double>::prepare(bd_test::random_attention(plain, 4), allow);
+  BD_CHECK_THROWS_CONTAINING(bd::nn::latent_window_last(mha), bd::RefusedError, Contains("needs an MLA layer"));
 }

@@ -216,6 +216,8 @@ public:
   const StoredVector& qk_bias() const { return beta_; }
   /// bo + Σ_h bv_g·Wo_h: the output bias with the value bias folded in (empty when neither exists).
   const StoredVector& vo_bias() const { return bo_; }
+  /// What BD left dense: MLA's latent and RoPE parts, the undecomposed family's weights.
+  const AttentionWeights<S>& rest() const { return dense_; }
   const HeadIndices& qk_indices() const { return qk_idx_; }
   const HeadIndices& vo_indices() const { return vo_idx_; }
   /// Parameters of the q, k, v, o projections as stored.
