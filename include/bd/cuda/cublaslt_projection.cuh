@@ -50,6 +50,12 @@ public:
     if (!s) return s;
     if (!(s = detail::check_device(device_, 0, "CublasLtBDProjection", ""))) return s;
     shape_ = a;
+    if (a.rows == 0) {  // cuBLASLt has no layout for zero columns, and there is nothing to compute
+      summary_ = "no rows: nothing to compute";
+      broadcast_ = false;
+      planned_ = true;
+      return Status::success();
+    }
     const int o = a.window_offset, right = a.input_dim - a.head_dim - o;
     // The pieces of rest: channels [0, o) with coefficient rows [0, o), and channels
     // [o + d_h, d) with rows [o, d − d_h).
@@ -174,6 +180,14 @@ private:
     if (!(s = bd::cuda::check(cublasLtMatmulPreferenceSetAttribute(pref_raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes),
                               "CublasLtBDProjection: cublasLtMatmulPreferenceSetAttribute")))
       return s;
+    // The heuristics assume 256-byte aligned A, B, C, D unless told otherwise; ours are offsets of
+    // multiples of 8 elements from 16-byte aligned pointers (window, pieces, heads' batch stride).
+    const std::uint32_t alignment = 16;
+    for (const auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                 CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      if (!(s = bd::cuda::check(cublasLtMatmulPreferenceSetAttribute(pref_raw, attribute, &alignment, sizeof alignment),
+                                "CublasLtBDProjection: cublasLtMatmulPreferenceSetAttribute (alignment)")))
+        return s;
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
     if (!(s = bd::cuda::check(cublasLtMatmulAlgoGetHeuristic(handle_, op, call.a.get(), call.b.get(), call.c.get(), call.d.get(), pref_raw,
