@@ -390,3 +390,53 @@ TEST_CASE("DeepSeek-V2/V3 folders, with and without query LoRA, read back as MLA
       fs::remove_all(in);
     }
 }
+
+TEST_CASE("DeepSeek folder converted with the latent window last: one K' call per layer, the same layer as in memory",
+          "[io][convert][deepseek][mla][latent-order]") {
+  const fs::path in = deepseek_folder("bd_convert_ds_wl", true), out = fs::temp_directory_path() / "bd_convert_ds_wl_out";
+  fs::remove_all(out);
+  auto o = options(bd::nn::Mode::QKVO);
+  o.arch = bd::io::Arch::DeepSeekV2;
+  o.decomposition.basis = bd::Basis::OffsetSearch;
+  o.latent_window_last = true;
+  const auto report = bd::io::convert_checkpoint(in.string(), out.string(), o);
+  CHECK(report.to_json()["latent_window_last"] == true);
+  CHECK(nlohmann::json::parse(std::ifstream(out / "config.json"))["bd"]["latent_window_last"] == true);
+  const auto dense = bd::io::load_attention<double>(in.string(), bd::io::Arch::DeepSeekV2);
+  const auto layers = bd::io::load_bd_attention<float>(out.string());
+  REQUIRE(layers.size() == 2);
+  for (std::size_t l = 0; l < 2; ++l) {
+    INFO("layer " << l);
+    CHECK(layers[l].qk_indices().shared);
+    CHECK(layers[l].qk_indices().offset == 32 - 8);  // d_c − d_h: the rest is one piece
+    CHECK(report.layers[l].qk.window == "rows 24..31 (latent reordered)");
+    const Eigen::MatrixXd x = bd_test::gaussian(6, 40, 130 + unsigned(l));
+    const Eigen::MatrixXd y = dense[l].forward(x);
+    const Eigen::MatrixXf xf = x.cast<float>();
+    CHECK(bd_test::max_rel(layers[l].forward(xf), y) <= bd_test::kFp32OperatorBound);
+    bd::nn::LatentCache<float> cache;
+    Eigen::MatrixXf got(6, 40);
+    got.topRows(4) = layers[l].prefill(xf.topRows(4), cache);
+    got.bottomRows(2) = layers[l].decode_absorbed(xf.bottomRows(2), cache);
+    CHECK(bd_test::max_rel(got, y) <= bd_test::kFp32OperatorBound);
+    // The folder holds exactly the in-memory layer reordered: kv_a_proj's latent rows and the
+    // latent norm were written in the new order, so the forward pass agrees bit for bit.
+    bd::nn::BDAttentionOptions bo;
+    bo.mode = bd::nn::Mode::QKVO;
+    bo.decomposition = o.decomposition;
+    const auto moved = bd::nn::latent_window_last(bd::nn::BDAttention<float>::prepare(dense[l], bo));
+    CHECK(layers[l].forward(xf) == moved.layer.forward(xf));
+  }
+  fs::remove_all(out);
+
+  // What it cannot do is refused before anything is written.
+  o.mode = bd::nn::Mode::QK;
+  BD_CHECK_THROWS_CONTAINING(bd::io::convert_checkpoint(in.string(), out.string(), o), bd::RefusedError, Contains("mode qkvo"));
+  CHECK_FALSE(fs::exists(out));
+  o.mode = bd::nn::Mode::QKVO;
+  o.decomposition.basis = bd::Basis::Pivoted;
+  BD_CHECK_THROWS_CONTAINING(bd::io::convert_checkpoint(in.string(), out.string(), o), bd::RefusedError,
+                             Contains("per head (pivoted)"));
+  CHECK_FALSE(fs::exists(out));
+  fs::remove_all(in);
+}

@@ -2,7 +2,7 @@
 //
 //   bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f32|f16|bf16]
 //              [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]
-//              [--force] [--quiet] [--report FILE.json] INPUT OUTPUT
+//              [--latent-window-last] [--force] [--quiet] [--report FILE.json] INPUT OUTPUT
 //   bd-convert --demo [--layers N]
 //
 // INPUT is a Hugging Face model folder (config.json and model.safetensors, or shards with
@@ -27,11 +27,13 @@ namespace {
 constexpr const char* kUsage =
     "usage: bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f32|f16|bf16]\n"
     "                  [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]\n"
-    "                  [--force] [--quiet] [--report FILE.json] INPUT OUTPUT\n"
+    "                  [--latent-window-last] [--force] [--quiet] [--report FILE.json] INPUT OUTPUT\n"
     "       bd-convert --demo [--layers N]\n"
     "INPUT is a model folder: config.json and model.safetensors, or shards listed by\n"
     "model.safetensors.index.json. OUTPUT ending in .safetensors is one file; otherwise a new\n"
-    "folder with the same shards, a new index and config.json (with a \"bd\" record).\n";
+    "folder with the same shards, a new index and config.json (with a \"bd\" record).\n"
+    "--latent-window-last (deepseek-v2, mode qkvo): reorder each layer's latent channels so the\n"
+    "QK window is last, making K' one GEMM call on a GPU (kv_a_proj and its norm written reordered).\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -152,6 +154,7 @@ int main(int argc, char** argv) {
         if (v.empty() || *end || n <= 0) throw UsageError("--align needs a positive integer, got '" + v + "'");
         opts.decomposition.align = n;
       } else if (a == "--force") opts.force = true;
+      else if (a == "--latent-window-last") opts.latent_window_last = true;
       else if (a == "--quiet") quiet = true;
       else if (a == "--report") report_path = value();
       else if (a == "--demo") run_demo = true;

@@ -69,6 +69,10 @@ struct AttentionLayout {
   std::vector<KeptPart> keep_without_vo;            ///< kept when QK is converted and VO is not
   std::vector<KeptPart> keep_without_qk;            ///< kept when VO is converted and QK is not
   std::vector<KeptPart> keep_with_qk;               ///< kept whenever QK is converted
+  /// MLA: the tensors that produce the latent's channels (kv_a_proj_with_mqa: the latent's rows,
+  /// then the RoPE key's; kv_a_layernorm), whole; a conversion with the latent window last
+  /// (ConvertOptions::latent_window_last) writes them with the latent rows reordered.
+  std::vector<KeptPart> latent_parts;
   Eigen::Index d_q = 0, d_kv = 0, d_out = 0;        ///< widths of the query input, key/value input, output
   bool query_bias = false, value_or_output_bias = false;
   /// The weights the QK and VO products need (x·W orientation, double); reads the folder.
@@ -402,6 +406,8 @@ inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::o
     a.keep_with_qk.push_back({q_rope_kept, q_name, 0, q_rope_rows});
     a.keep_without_vo.push_back({kv_b_v, kv_b, 0, v_rows});
     a.keep_without_qk.push_back({kv_b_k, kv_b, 0, k_rows});
+    a.latent_parts.push_back({kv_a, kv_a, 0, range(0, kv_lora + rope)});
+    if (latent_norm) a.latent_parts.push_back({kv_a_norm, kv_a_norm, 0, range(0, kv_lora)});
     out.push_back(std::move(a));
   }
   return out;

@@ -30,6 +30,7 @@
 // removed when anything fails. An existing folder is never overwritten.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -47,6 +48,7 @@
 #include "bd/io/model_folder.hpp"
 #include "bd/io/safetensors.hpp"
 #include "bd/nn/bd_attention.hpp"
+#include "bd/nn/latent_permutation.hpp"
 
 namespace bd::io {
 
@@ -56,6 +58,10 @@ struct ConvertOptions {
   std::string dtype = "f32";  ///< f32, f16 or bf16: the type of the written BD tensors
   bd::Options decomposition{};
   bool force = false;  ///< accept QK under RoPE and modes the cost model advises against
+  /// deepseek-v2, mode qkvo: reorder each layer's latent channels so the QK window is last
+  /// (nn/latent_permutation.hpp; K' is then one GEMM call on a GPU). kv_a_proj_with_mqa's latent
+  /// rows and kv_a_layernorm are written reordered; shared-window bases only (not pivoted).
+  bool latent_window_last = false;
 };
 
 struct ProductSummary {
@@ -99,6 +105,7 @@ struct ConvertReport {
     j["basis"] = bd::to_string(options.decomposition.basis);
     j["align"] = options.decomposition.align;
     j["force"] = options.force;
+    j["latent_window_last"] = options.latent_window_last;
     j["tensors_in"] = tensors_in;
     j["tensors_out"] = tensors_out;
     j["files_in"] = files_in;
@@ -234,6 +241,13 @@ inline LayerPlan plan_layer(const ModelFolder& m, const AttentionLayout& a, cons
   if (qk) p.kept.insert(p.kept.end(), a.keep_with_qk.begin(), a.keep_with_qk.end());
   if (qk && !vo) p.kept.insert(p.kept.end(), a.keep_without_vo.begin(), a.keep_without_vo.end());
   if (vo && !qk) p.kept.insert(p.kept.end(), a.keep_without_qk.begin(), a.keep_without_qk.end());
+  if (opts.latent_window_last) {
+    if (a.latent_parts.empty() || opts.mode != nn::Mode::QKVO)
+      throw RefusedError(message(P, ": the latent window last needs an MLA layer (deepseek-v2) converted in mode qkvo, so that "
+                                    "nothing else reads the latent in its old order"));
+    p.kept.insert(p.kept.end(), a.latent_parts.begin(), a.latent_parts.end());
+    for (const KeptPart& k : a.latent_parts) p.consumed.insert(k.source);
+  }
   for (const KeptPart& k : p.kept) {
     const TensorInfo& t = m.info(k.source);
     p.specs.push_back({k.name, quantized(t.dtype) ? dt : t.dtype, kept_shape(t, k)});
@@ -265,6 +279,20 @@ std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, cons
     }
   }
   report.warnings = bda.warnings();
+  if (nn::has_qk(opts.mode)) report.qk = {true, window_of(bda.qk_indices()), bda.qk_report().mean_nmse, bda.qk_report().phases};
+  if (nn::has_vo(opts.mode)) report.vo = {true, window_of(bda.vo_indices()), bda.vo_report().mean_nmse, bda.vo_report().phases};
+  std::vector<Eigen::Index> order;  // the latent's new channel order, when reordered
+  if (opts.latent_window_last) {
+    try {
+      auto moved = nn::latent_window_last(bda);
+      order = std::move(moved.order);
+      bda = std::move(moved.layer);
+    } catch (const Error& e) {
+      throw RefusedError(message(layout.prefix, ": ", e.what()));
+    }
+    report.qk.window = window_of(bda.qk_indices()) + " (latent reordered)";
+    report.vo.window = window_of(bda.vo_indices()) + " (latent reordered)";
+  }
   auto add = [&](const auto& matrix) {
     out.push_back(raw<S>(matrix));
     report.params_after += static_cast<std::int64_t>(matrix.size());
@@ -281,16 +309,20 @@ std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, cons
     add(bda.qk_coeff());
     add_indices(bda.qk_indices());
     if (bda.qk_bias().size()) out.push_back(raw<S>(Stored(bda.qk_bias())));
-    report.qk = {true, window_of(bda.qk_indices()), bda.qk_report().mean_nmse, bda.qk_report().phases};
   }
   if (nn::has_vo(opts.mode)) {
     add(bda.vo_coeff());
     add(bda.vo_basis());
     add_indices(bda.vo_indices());
     if (bda.vo_bias().size()) out.push_back(raw<S>(Stored(bda.vo_bias())));
-    report.vo = {true, window_of(bda.vo_indices()), bda.vo_report().mean_nmse, bda.vo_report().phases};
   }
-  for (const KeptPart& k : plan.kept) {
+  for (KeptPart k : plan.kept) {
+    const bool latent = !order.empty() && std::any_of(layout.latent_parts.begin(), layout.latent_parts.end(),
+                                                      [&](const KeptPart& l) { return l.source == k.source; });
+    if (latent) {  // new latent row j is old row order[j]; the RoPE key's rows after them stay
+      const std::vector<Eigen::Index> whole = k.indices;
+      for (std::size_t j = 0; j < order.size(); ++j) k.indices[j] = whole[std::size_t(order[j])];
+    }
     out.push_back(kept_bytes(m, k, output_dtype(opts.dtype)));
     report.params_after += static_cast<std::int64_t>(out.back().size() / dtype_size(plan.specs[out.size() - 1].dtype));
   }
@@ -376,6 +408,7 @@ inline ConvertReport convert_checkpoint(const std::string& input_dir, const std:
   metadata["bd.basis"] = bd::to_string(opts.decomposition.basis);
   metadata["bd.align"] = std::to_string(opts.decomposition.align);
   metadata["bd.force"] = opts.force ? "true" : "false";
+  if (opts.latent_window_last) metadata["bd.latent_order"] = "qk-window-last";
 
   std::optional<detail::TempFolder> folder;
   if (folder_out) folder.emplace(output);
@@ -454,7 +487,8 @@ inline ConvertReport convert_checkpoint(const std::string& input_dir, const std:
                     {"dtype", opts.dtype},
                     {"basis", bd::to_string(opts.decomposition.basis)},
                     {"align", opts.decomposition.align},
-                    {"force", opts.force}};
+                    {"force", opts.force},
+                    {"latent_window_last", opts.latent_window_last}};
     write_file_atomically(folder->file("config.json"), config.dump(2) + "\n");
     // The folder's other files (tokenizer, generation config, …) unchanged.
     std::set<std::string> written{"config.json", ModelFolder::index_file};
