@@ -10,6 +10,7 @@
 // folder mirroring INPUT. Progress goes to stderr, one line per layer; the table to stdout.
 //
 // Exit codes: 0 success, 1 bad input or a refused conversion, 2 usage errors.
+#include <bd/core/heap.hpp>
 #include <bd/io/convert.hpp>
 
 #include <unistd.h>
@@ -132,6 +133,7 @@ int demo(int layers) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bd::keep_freed_heap();  // preparation's freed temporaries stay for reuse (bd/core/heap.hpp)
   bd::io::ConvertOptions opts;
   std::string input, output, report_path;
   bool have_arch = false, have_mode = false, run_demo = false, quiet = false;
