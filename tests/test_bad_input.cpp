@@ -145,3 +145,41 @@ TEST_CASE("every bd exception is a std::exception", "[bad-input]") {
   CHECK_THROWS_AS(bd::decompose(W, 0), std::exception);
   CHECK_THROWS_AS(bd::decompose(W, 0), bd::Error);
 }
+
+namespace {
+
+// The weight scan reads exponent bits: every non-finite value at every position is found, and
+// nothing finite (the largest value, subnormals, −0) is taken for one.
+template <typename T>
+void check_finite_scan() {
+  using M = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+  using R = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  M m = M::Constant(37, 5, T(1));
+  m(0, 0) = Eigen::NumTraits<T>::highest();
+  m(1, 0) = Eigen::NumTraits<T>::lowest();
+  m(2, 0) = std::numeric_limits<T>::denorm_min();
+  m(3, 0) = T(-0.0f);
+  CHECK(bd::detail::all_finite(m));
+  const T bad[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                   T(-std::numeric_limits<float>::infinity())};
+  for (const T b : bad) {
+    for (Eigen::Index k = 0; k < m.size(); k += 7) {
+      M x = m;
+      x(k % 37, k / 37) = b;
+      CHECK_FALSE(bd::detail::all_finite(x));
+      CHECK_FALSE(bd::detail::all_finite(R(x)));                  // row-major storage
+      CHECK_FALSE(bd::detail::all_finite(x.transpose()));         // read in place
+      if (k % 37 < 36) CHECK_FALSE(bd::detail::all_finite(x.topRows(36)));  // strided: Eigen's own scan
+      if (k / 37 > 0) CHECK(bd::detail::all_finite(x.leftCols(k / 37)));  // a block without the entry
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the finiteness scan finds every NaN and Inf, in every bd scalar type and layout", "[bad-input]") {
+  check_finite_scan<float>();
+  check_finite_scan<double>();
+  check_finite_scan<Eigen::half>();
+  check_finite_scan<Eigen::bfloat16>();
+}

@@ -4,6 +4,8 @@
 // CPU runs; an expression without direct access is evaluated first.
 #include <bd/kernel/matmul.hpp>
 
+#include <limits>
+
 #include "support.hpp"
 
 namespace {
@@ -64,5 +66,43 @@ TEST_CASE("matmul: a Gram VᵀV read in place is exactly what the copied transpo
     const Mat<double> V = bd_test::gaussian(2048, 128, 5);
     const Mat<double> copied = bd::kernel::matmul(Mat<double>(V.transpose()), V);
     CHECK(bd::kernel::matmul(V.transpose(), V) == copied);
+  });
+}
+
+namespace {
+
+// gram_into computes only the tiles meeting the lower triangle; the lower triangle must be what
+// the full product gives (same kernel, same packing, same order: bit for bit), the upper its
+// mirror, for sizes around the micro-tile edges (float 32×12 / 16×12 double on AVX-512, others on
+// AVX2) and a transposed operand read in place.
+template <typename T>
+void check_gram(Eigen::Index K, Eigen::Index N, unsigned seed) {
+  INFO("K = " << K << ", N = " << N);
+  const Mat<T> a = bd_test::gaussian(K, N, seed).cast<T>();
+  const Mat<T> full = bd::kernel::matmul(a.transpose(), a);
+  // Poisoned output: a tile the kernel should have written but skipped would keep the NaN.
+  Mat<T> g = Mat<T>::Constant(N, N, std::numeric_limits<T>::quiet_NaN());
+  bd::kernel::gram_into(a, g);
+  CHECK(g.allFinite());
+  CHECK(g == Mat<T>(g.transpose()));  // exactly symmetric
+  CHECK(Mat<T>(g.template triangularView<Eigen::Lower>()) == Mat<T>(full.template triangularView<Eigen::Lower>()));
+  expect_close<T>(g, Mat<T>(a.transpose() * a), K);
+  // The transposed operand: gram(aᵀ) = a·aᵀ, read in place.
+  const Mat<T> at = a.transpose();
+  expect_close<T>(bd::kernel::gram(at.transpose()), g, K);
+  if (K > 600) return;  // a·aᵀ of the tall shapes is a large product, no other path
+  const Mat<T> outer = bd::kernel::gram(a.transpose());
+  expect_close<T>(outer, Mat<T>(a * a.transpose()), N);
+  CHECK(outer == Mat<T>(outer.transpose()));
+}
+
+}  // namespace
+
+TEST_CASE("gram: aᵀa from its lower triangle equals the full product there, mirrored exactly", "[kernel][matmul]") {
+  bd_test::for_each_isa([] {
+    for (auto [K, N] : {std::pair<int, int>{2048, 128}, {384, 256}, {97, 45}, {513, 131}, {64, 33}, {3, 200}, {40, 4}}) {
+      check_gram<float>(K, N, 23u + unsigned(N));
+      check_gram<double>(K, N, 29u + unsigned(N));
+    }
   });
 }

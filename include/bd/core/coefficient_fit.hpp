@@ -27,8 +27,10 @@
 #include "bd/core/factored_product.hpp"
 #include "bd/core/phase_times.hpp"
 #include "bd/core/scalar.hpp"
+#include "bd/core/validate.hpp"
 #include "bd/kernel/inverse.hpp"
 #include "bd/kernel/matmul.hpp"
+#include "bd/kernel/small_lu.hpp"
 
 namespace bd::detail {
 
@@ -43,24 +45,6 @@ struct BasisFit {
   double rcond = 0;
   bool refitted = false;
 };
-
-template <typename Scalar>
-bool all_finite(const Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>& m) {
-  if constexpr (std::is_same_v<Scalar, Eigen::half> || std::is_same_v<Scalar, Eigen::bfloat16>) {
-    // Exponent bits all ones: ±inf or NaN (half: 5 bits, bfloat16: 8).
-    const std::uint16_t mask = std::is_same_v<Scalar, Eigen::half> ? 0x7c00u : 0x7f80u;
-    const Scalar* p = m.data();
-    std::uint16_t bad = 0;
-    for (Index i = 0; i < m.size(); ++i) {
-      std::uint16_t b;
-      std::memcpy(&b, p + i, sizeof b);
-      bad |= static_cast<std::uint16_t>((b & mask) == mask);
-    }
-    return bad == 0;
-  } else {
-    return m.allFinite();
-  }
-}
 
 template <typename Scalar>
 void require_representable(const Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>& rounded,
@@ -93,15 +77,33 @@ ProductPrecision product_precision(bool allowed) {
   return {allowed && !std::is_same_v<Scalar, double>, allowed && narrow};
 }
 
-/// Per-thread scratch of fit_basis: B and ΔB (r×n) in float and in double, U_R and Q_R.
+/// Per-thread scratch of fit_basis: B and ΔB (r×n) in float and in double, and every
+/// (m−r)×r block (U_R, Q_R, C, Ĉ, D̂, [D̂ Ĉ] in float). A layer's products are all one shape,
+/// so after a thread's first product nothing of this size is allocated again: each of these
+/// blocks is over glibc's mmap threshold, and fresh ones would be faulted in, zeroed, for every
+/// product (the allocator's share that bd::keep_freed_heap() otherwise recovers).
 struct FitBuffers {
-  Eigen::MatrixXf Bf, dBf;
-  Eigen::MatrixXd Bd, dB, UR, QR;
+  Eigen::MatrixXf Bf, dBf, X;
+  Eigen::MatrixXd Bd, dB, UR, QR, C, Ch, Dh;
 };
 
 inline FitBuffers& fit_buffers() {
   thread_local FitBuffers buffers;
   return buffers;
+}
+
+/// ‖A‖²_F of a float matrix, summed in double: eight independent partial sums, so the loop
+/// runs along vectors (Eigen's reduction of a cast expression runs one element at a time,
+/// each add waiting on the last: half a millisecond for an r×n ΔB).
+inline double squared_norm_in_double(const Eigen::MatrixXf& a) {
+  const float* p = a.data();
+  const Index n = a.size();
+  double acc[8] = {};
+  Index i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += double(p[i + k]) * double(p[i + k]);
+  for (; i < n; ++i) acc[0] += double(p[i]) * double(p[i]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 /// Above this reciprocal condition of Q_S, C = Q_R·Q_S⁻¹ computed in double is accurate to
@@ -130,10 +132,13 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   const MatrixXd &UR = buf.UR, &QR = buf.QR;
   const auto USt = US.transpose();
 
-  Eigen::PartialPivLU<MatrixXd> lu(MatrixXd(p.Q(S, Eigen::all).transpose()));
+  // Q_Sᵀ factored on the CPU's vectors (kernel/small_lu.hpp: Eigen's unblocked algorithm and
+  // rcond estimate); the factorization's storage is kept per thread.
+  thread_local bd::kernel::SmallLU<double> lu;
+  lu.compute(p.Q(S, Eigen::all).transpose());
   fit.rcond = lu.rcond();
   require_nonsingular(fit.rcond, S, p.name);
-  const MatrixXd QSinv = bd::kernel::inverse(lu).transpose();  // C = Q_R·Q_S⁻¹
+  const MatrixXd QSinv = lu.inverse().transpose();  // C = Q_R·Q_S⁻¹
 
   // B = U_S·Vᵀ, its stored value B̂ and ΔB = B̂ − B (float when the Grams are).
   const bool exact_basis = std::is_same_v<Scalar, double>;
@@ -173,25 +178,25 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   require_representable<Scalar>(fit.B, "basis", p.name);
   times.round += clock.lap();
 
-  MatrixXd C;
+  MatrixXd& C = buf.C;
+  C.resize(R.size(), r);
   MatrixXd dBV = MatrixXd::Zero(r, r), dBdBt = MatrixXd::Zero(r, r);
   double dB2 = 0;  // ‖ΔB‖²
   if (exact_basis) {
     // B̂ = B: C is already the least-squares fit; nothing to refit against.
-    C = mul(QR, QSinv);
+    bd::kernel::matmul_into(QR, QSinv, C);
   } else {
     if (precision.fp32_grams) {
       dBV = mul(dBf, p.Vf).template cast<double>();
-      dBdBt = mul(dBf, dBf.transpose()).template cast<double>();
-      dB2 = dBf.template cast<double>().squaredNorm();
+      dBdBt = bd::kernel::gram(dBf.transpose()).template cast<double>();
+      dB2 = squared_norm_in_double(dBf);
     } else {
       dBV = mul(dB, p.V);
-      dBdBt = mul(dB, dB.transpose());
+      dBdBt = bd::kernel::gram(dB.transpose());
       dB2 = dB.squaredNorm();
     }
-    dBdBt = (0.5 * (dBdBt + dBdBt.transpose())).eval();
     if (!refit) {
-      C = mul(QR, QSinv);
+      bd::kernel::matmul_into(QR, QSinv, C);
     } else {
       // Normal equations C'·B̂B̂ᵀ = U_R·Vᵀ·B̂ᵀ with B̂ = B + ΔB and C·U_S = U_R − D:
       //   Y = ΔB·B̂ᵀ = ΔB·V·U_Sᵀ + ΔB·ΔBᵀ,   B̂B̂ᵀ = U_S·G·U_Sᵀ + Y + Yᵀ − ΔB·ΔBᵀ,
@@ -203,14 +208,14 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
       // A dependent basis (rank-deficient V) leaves B̂B̂ᵀ singular: the unrefitted C is then kept.
       if (llt.info() == Eigen::Success && llt.rcond() > 1e-13) {
         const MatrixXd inv = bd::kernel::inverse(llt);
-        C = mul(QR, mul(QSinv, MatrixXd(I - mul(Y, inv))));
+        bd::kernel::matmul_into(QR, mul(QSinv, MatrixXd(I - mul(Y, inv))), C);
         if (fit.rcond < well_conditioned_rcond) {
           const MatrixXd D = UR - mul(mul(QR, QSinv), US);
           C += mul(D, mul(MatrixXd(GUSt + dBV.transpose()), inv));
         }
         fit.refitted = true;
       } else {
-        C = mul(QR, QSinv);
+        bd::kernel::matmul_into(QR, QSinv, C);
       }
     }
   }
@@ -221,20 +226,25 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   times.round += clock.lap();
   // D̂ = U_R − Ĉ·U_S in double (it cancels to the size of the error); its Grams in float when
   // allowed: they are already at the scale of the error, so float keeps 6 digits of it.
-  const MatrixXd Ch = values_as<double>(fit.C);
-  const MatrixXd Dh = UR - mul(Ch, US);
+  MatrixXd &Ch = buf.Ch, &Dh = buf.Dh;
+  Ch.resize(fit.C.rows(), r);
+  kernel::widen_into(fit.C.data(), fit.C.size(), Ch.data());
+  Dh.resize(Ch.rows(), r);
+  bd::kernel::matmul_into(Ch, US, Dh);
+  Dh = UR - Dh;  // elementwise: reading and writing the same entry
   double e2;
   if (exact_basis) {
-    e2 = mul(Dh.transpose(), Dh).cwiseProduct(p.G).sum();
+    e2 = bd::kernel::gram(Dh).cwiseProduct(p.G).sum();
   } else {
     MatrixXd DtD, CtD, CtC;
     if (precision.fp32_grams) {
-      MatrixXf X(Dh.rows(), 2 * r);
+      MatrixXf& X = buf.X;
+      X.resize(Dh.rows(), 2 * r);
       X << Dh.cast<float>(), Ch.cast<float>();
-      const MatrixXd XtX = mul(X.transpose(), X).template cast<double>();  // [D̂ Ĉ]ᵀ[D̂ Ĉ]
+      const MatrixXd XtX = bd::kernel::gram(X).template cast<double>();  // [D̂ Ĉ]ᵀ[D̂ Ĉ]
       DtD = XtX.topLeftCorner(r, r), CtD = XtX.bottomLeftCorner(r, r), CtC = XtX.bottomRightCorner(r, r);
     } else {
-      DtD = mul(Dh.transpose(), Dh), CtD = mul(Ch.transpose(), Dh), CtC = mul(Ch.transpose(), Ch);
+      DtD = bd::kernel::gram(Dh), CtD = mul(Ch.transpose(), Dh), CtC = bd::kernel::gram(Ch);
     }
     e2 = DtD.cwiseProduct(p.G).sum() - 2 * CtD.cwiseProduct(dBV).sum() + CtC.cwiseProduct(dBdBt).sum() + dB2;
   }

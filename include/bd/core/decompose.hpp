@@ -337,7 +337,7 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
   std::vector<char> finite(Us.size());
   detail::parallel_for(static_cast<Index>(Us.size()), [&](Index h) {
     const auto i = static_cast<std::size_t>(h);
-    finite[i] = Us[i].derived().allFinite() && Vs[i].derived().allFinite();
+    finite[i] = detail::all_finite(Us[i]) && detail::all_finite(Vs[i]);
   });
   for (std::size_t h = 0; h < Us.size(); ++h) {
     if (finite[h]) continue;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 
 #include <Eigen/Cholesky>
 #include <Eigen/Core>
@@ -57,11 +58,11 @@ inline std::shared_ptr<const Eigen::MatrixXd> sketch_matrix(Index m, const Optio
   return std::make_shared<const Eigen::MatrixXd>(Eigen::MatrixXd::NullaryExpr(m, k, [&]() { return normal(rng); }));
 }
 
-/// AᵀA on the dispatched kernel (Aᵀ read in place), exactly symmetric, in double.
+/// AᵀA on the dispatched kernel (its lower triangle, mirrored: exactly symmetric), in double.
 template <typename T>
 Eigen::MatrixXd gram(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& A) {
-  const Eigen::MatrixXd g = bd::kernel::matmul(A.transpose(), A).template cast<double>();
-  return 0.5 * (g + g.transpose());
+  if constexpr (std::is_same_v<T, double>) return bd::kernel::gram(A);
+  else return bd::kernel::gram(A).template cast<double>();
 }
 
 /// Q with range(Q) = range(U), QᵀQ = I, by Cholesky QR: UᵀU = RᵀR, Q = U·R⁻¹ (two GEMMs on the
@@ -104,14 +105,25 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eige
     p.Q = qr.householderQ() * Eigen::MatrixXd::Identity(m, r);
   }
 
-  p.G = Vf.size() ? gram(Vf) : gram(V);
-  p.row_norm2 = (bd::kernel::matmul(U, p.G).array() * U.array()).rowwise().sum().max(0.0);
+  if (Vf.size()) {
+    // G from float V is accurate to float's unit (coefficient_fit.hpp), so ‖W_i‖² = U_i·G·U_iᵀ
+    // loses nothing more in float: rows summed in float, the total in double.
+    const Eigen::MatrixXf Gf = bd::kernel::gram(Vf);
+    const Eigen::MatrixXf Uf = U.cast<float>();
+    p.G = Gf.cast<double>();
+    p.row_norm2 = (bd::kernel::matmul(Uf, Gf).array() * Uf.array()).rowwise().sum().max(0.0f).cast<double>();
+  } else {
+    p.G = gram(V);
+    p.row_norm2 = (bd::kernel::matmul(U, p.G).array() * U.array()).rowwise().sum().max(0.0);
+  }
   p.norm2 = p.row_norm2.sum();
 
   p.omega = std::move(omega);
-  p.sketch = p.omega->transpose() * p.Q;
+  // Qᵀ·Ω (r×k) rather than Ωᵀ·Q: a k-row product (k = 8) would fill half a micro-tile.
+  const Eigen::MatrixXd sketch_t = bd::kernel::matmul(p.Q.transpose(), *p.omega);
+  p.sketch = sketch_t.transpose();
   p.Qf = p.Q.cast<float>();
-  p.sketch_t = p.sketch.transpose().cast<float>();
+  p.sketch_t = sketch_t.cast<float>();
 
   p.U = std::move(U);
   p.V = std::move(V);

@@ -55,6 +55,10 @@ struct GemmArguments {
   std::vector<Segment> segments;
   bool x_row_major = false;              ///< X(i, k) at x[i·ldx + k] instead of x[k·ldx + i]
   bool b_row_major = false;              ///< B(k, c) at b[k·ldb + c] instead of b[c·ldb + k]
+  /// Only the lower triangle is wanted (a Gram matrix, see matmul.hpp's gram_into): micro-tiles
+  /// whose every output row i is above its column c (i < c, c the B column) are not computed
+  /// and those outputs are left unwritten; every output with i ≥ c is written as usual.
+  bool lower_only = false;
 };
 
 }  // namespace bd::kernel

@@ -76,8 +76,7 @@ detail::Dense<T> inverse(const Eigen::PartialPivLU<detail::Dense<T>>& lu) {
 template <typename T>
 detail::Dense<T> inverse(const Eigen::LLT<detail::Dense<T>>& llt) {
   const detail::Dense<T> Linv = lower_inverse<Eigen::Lower>(llt.matrixLLT());
-  detail::Dense<T> out = matmul(Linv.transpose(), Linv);
-  return T(0.5) * (out + out.transpose());  // exactly symmetric
+  return gram(Linv);  // exactly symmetric
 }
 
 }  // namespace bd::kernel

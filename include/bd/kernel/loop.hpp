@@ -121,6 +121,7 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
         const Index c = piece.c0 + j0;  // first B column of the micro-panel
         for (Index i0 = 0; i0 < m; i0 += MR) {
           const Index mi = std::min(MR, m - i0), row = r + i0;
+          if (a.lower_only && row + mi <= c) continue;  // strictly above the diagonal: not wanted
           const T* src[NR];
           T* dst[NR];
           T values[NR];
