@@ -150,7 +150,7 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   if constexpr (bd::kernel::detail::is_narrow_v<Scalar>) {
     if (precision.fp32_basis) {
       buf.Bf.resize(r, p.n());
-      bd::kernel::matmul_into(MatrixXf(US.cast<float>()), p.Vf.transpose(), buf.Bf);
+      bd::kernel::matmul_into(MatrixXf(US.cast<float>()), p.Vf().transpose(), buf.Bf);
       times.fit += clock.lap();
       fit.B = round_matrix<Scalar>(buf.Bf);
       // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
@@ -187,7 +187,7 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
     bd::kernel::matmul_into(QR, QSinv, C);
   } else {
     if (precision.fp32_grams) {
-      dBV = mul(dBf, p.Vf).template cast<double>();
+      dBV = mul(dBf, p.Vf()).template cast<double>();
       dBdBt = bd::kernel::gram(dBf.transpose()).template cast<double>();
       dB2 = squared_norm_in_double(dBf);
     } else {

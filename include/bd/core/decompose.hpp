@@ -359,10 +359,17 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
     const auto i = static_cast<std::size_t>(h);
     const auto& u = row ? Us[i] : Vs[i];  // the basis side (row form)
     const auto& v = row ? Vs[i] : Us[i];
+    // A float V is read where the caller holds it (it outlives ps); other types are rounded.
+    const Eigen::MatrixXf* borrowed = nullptr;
+    Eigen::MatrixXf vf;
+    if (precision.fp32_grams) {
+      // (Both factor types float matrices, so v is one of the caller's own, not a converted copy.)
+      if constexpr (std::is_same_v<MatrixU, Eigen::MatrixXf> && std::is_same_v<MatrixV, Eigen::MatrixXf>) borrowed = &v;
+      else vf = v.template cast<float>();
+    }
     ps[i] = detail::factor_product(u.template cast<double>(),
                                    double_V ? Eigen::MatrixXd(v.template cast<double>()) : Eigen::MatrixXd(),
-                                   precision.fp32_grams ? Eigen::MatrixXf(v.template cast<float>()) : Eigen::MatrixXf(),
-                                   name(i), omega);
+                                   std::move(vf), name(i), omega, borrowed);
     floors[i] = detail::rounding_floor<Stored>(ps[i], opts.seed + i);
   });
   const double factor_seconds = clock.lap();

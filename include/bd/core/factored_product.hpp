@@ -29,7 +29,10 @@ namespace bd::detail {
 struct FactoredProduct {
   Eigen::MatrixXd U;          ///< m×r, the factor on the basis side
   Eigen::MatrixXd V;          ///< n×r in double, when a product needs it (else empty)
-  Eigen::MatrixXf Vf;         ///< n×r, V rounded to float when Grams or B are formed in fp32 (else empty)
+  Eigen::MatrixXf Vf_owned;   ///< n×r, V rounded to float when Grams or B are formed in fp32 (else empty)
+  const Eigen::MatrixXf* Vf_borrowed = nullptr;  ///< the caller's own float V, read in place instead
+  /// V in float (see Vf_owned / Vf_borrowed; empty when neither is held).
+  const Eigen::MatrixXf& Vf() const { return Vf_borrowed ? *Vf_borrowed : Vf_owned; }
   Eigen::MatrixXd Q;          ///< m×r, orthonormal, range(Q) = range(U)
   Eigen::MatrixXd G;          ///< r×r, VᵀV
   Eigen::VectorXd row_norm2;  ///< ‖W_i,:‖² for every row i
@@ -41,11 +44,11 @@ struct FactoredProduct {
   std::string name;           ///< how messages name this product ("head 3", "W")
 
   Index m() const { return U.rows(); }
-  Index n() const { return V.size() ? V.rows() : Vf.rows(); }
+  Index n() const { return V.size() ? V.rows() : Vf().rows(); }
   Index r() const { return U.cols(); }
   /// Rows J of V in double (from Vf when only the float copy is held).
   Eigen::MatrixXd V_rows(const std::vector<Index>& J) const {
-    return V.size() ? Eigen::MatrixXd(V(J, Eigen::all)) : Eigen::MatrixXd(Vf(J, Eigen::all).template cast<double>());
+    return V.size() ? Eigen::MatrixXd(V(J, Eigen::all)) : Eigen::MatrixXd(Vf()(J, Eigen::all).template cast<double>());
   }
 };
 
@@ -87,10 +90,12 @@ inline bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q) {
 /// Precomputes a product's invariants. Throws SingularBasisError when U is rank-deficient:
 /// then every r rows of W are dependent and no basis exists (a zero or pruned head).
 /// A rank-deficient V is allowed: W_R = (U_R·U_S⁻¹)·(U_S·Vᵀ) holds for any V.
-/// V is given in double, in float (Vf), or both; G = VᵀV is formed from Vf when it is given
+/// V is given in double, in float (Vf, or `borrowed_Vf`: the caller's float V, which must outlive
+/// the product, read without a copy), or both; G = VᵀV is formed from the float V when given
 /// (see coefficient_fit.hpp for why that is safe). `omega` is sketch_matrix(U.rows(), ·).
 inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eigen::MatrixXf Vf, std::string name,
-                                      std::shared_ptr<const Eigen::MatrixXd> omega) {
+                                      std::shared_ptr<const Eigen::MatrixXd> omega,
+                                      const Eigen::MatrixXf* borrowed_Vf = nullptr) {
   FactoredProduct p;
   p.name = std::move(name);
   const Index m = U.rows(), r = U.cols();
@@ -105,10 +110,11 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eige
     p.Q = qr.householderQ() * Eigen::MatrixXd::Identity(m, r);
   }
 
-  if (Vf.size()) {
+  const Eigen::MatrixXf& vf = borrowed_Vf ? *borrowed_Vf : Vf;
+  if (vf.size()) {
     // G from float V is accurate to float's unit (coefficient_fit.hpp), so ‖W_i‖² = U_i·G·U_iᵀ
     // loses nothing more in float: rows summed in float, the total in double.
-    const Eigen::MatrixXf Gf = bd::kernel::gram(Vf);
+    const Eigen::MatrixXf Gf = bd::kernel::gram(vf);
     const Eigen::MatrixXf Uf = U.cast<float>();
     p.G = Gf.cast<double>();
     p.row_norm2 = (bd::kernel::matmul(Uf, Gf).array() * Uf.array()).rowwise().sum().max(0.0f).cast<double>();
@@ -127,7 +133,8 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eige
 
   p.U = std::move(U);
   p.V = std::move(V);
-  p.Vf = std::move(Vf);
+  p.Vf_owned = std::move(Vf);
+  p.Vf_borrowed = borrowed_Vf;
   return p;
 }
 

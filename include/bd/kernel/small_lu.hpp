@@ -44,13 +44,14 @@ public:
     norm1_ = n ? static_cast<double>(buffer_.topLeftCorner(n, n).cwiseAbs().colwise().sum().maxCoeff()) : 0.0;
     perm_.resize(static_cast<std::size_t>(n));
     factor(n, ld);
-    lu_ = buffer_.topLeftCorner(n, n);
+    n_ = n;
     return *this;
   }
 
-  Index size() const { return lu_.rows(); }
+  Index size() const { return n_; }
   /// L (unit, strictly below the diagonal) and U (on and above it), row-major.
-  const RowMatrix& matrixLU() const { return lu_; }
+  /// (A block of the factorization's storage, read in place.)
+  auto matrixLU() const { return buffer_.topLeftCorner(n_, n_); }
   /// Row i of P·A is row permutation()[i] of A.
   const std::vector<Index>& permutation() const { return perm_; }
 
@@ -59,8 +60,8 @@ public:
   Matrix solve(const Eigen::MatrixBase<Derived>& B) const {
     Matrix X(B.rows(), B.cols());
     for (Index i = 0; i < size(); ++i) X.row(i) = B.row(perm_[static_cast<std::size_t>(i)]).template cast<T>();
-    lu_.template triangularView<Eigen::UnitLower>().solveInPlace(X);
-    lu_.template triangularView<Eigen::Upper>().solveInPlace(X);
+    matrixLU().template triangularView<Eigen::UnitLower>().solveInPlace(X);
+    matrixLU().template triangularView<Eigen::Upper>().solveInPlace(X);
     return X;
   }
 
@@ -68,8 +69,8 @@ public:
   template <typename Derived>
   Matrix solve_transposed(const Eigen::MatrixBase<Derived>& B) const {
     Matrix Z = B.template cast<T>();
-    lu_.transpose().template triangularView<Eigen::Lower>().solveInPlace(Z);
-    lu_.transpose().template triangularView<Eigen::UnitUpper>().solveInPlace(Z);
+    matrixLU().transpose().template triangularView<Eigen::Lower>().solveInPlace(Z);
+    matrixLU().transpose().template triangularView<Eigen::UnitUpper>().solveInPlace(Z);
     Matrix X(Z.rows(), Z.cols());
     for (Index i = 0; i < size(); ++i) X.row(perm_[static_cast<std::size_t>(i)]) = Z.row(i);
     return X;
@@ -80,7 +81,7 @@ public:
     const Index n = size();
     std::vector<Index> gather(static_cast<std::size_t>(n));  // column j of L⁻¹·P: column gather[j] of L⁻¹
     for (Index i = 0; i < n; ++i) gather[static_cast<std::size_t>(perm_[static_cast<std::size_t>(i)])] = i;
-    return detail::inverse_from_lu<T>(Matrix(lu_), gather);
+    return detail::inverse_from_lu<T>(Matrix(matrixLU()), gather);
   }
 
   /// Reciprocal 1-norm condition number, estimated as Eigen's PartialPivLU::rcond() does:
@@ -89,7 +90,7 @@ public:
   double rcond() const {
     const Index n = size();
     if (n == 0) return 1.0;
-    if (norm1_ == 0 || !(lu_.diagonal().cwiseAbs().minCoeff() > T(0))) return 0.0;
+    if (norm1_ == 0 || !(matrixLU().diagonal().cwiseAbs().minCoeff() > T(0))) return 0.0;
     using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
     const auto l1 = [](const Vec& v) { return static_cast<double>(v.template lpNorm<1>()); };
     const auto sign = [](const Vec& v) { return Vec(v.unaryExpr([](T x) { return x < T(0) ? T(-1) : T(1); })); };
@@ -135,7 +136,7 @@ private:
   }
 
   RowMatrix buffer_;  // (n + 16) × ld, see compute()
-  RowMatrix lu_;
+  Index n_ = 0;  // the factored size (buffer_ holds it at the top left)
   std::vector<Index> perm_;
   double norm1_ = 0;
 };
