@@ -50,16 +50,16 @@ void convert_column(const S* src, Index n, T* dst) {
 }
 
 #ifdef __SSE2__
-/// Four columns × four k of B into the panel, transposed in registers: panel[(k + t)·NR + j + c]
-/// = column c at k + t. SSE2 is part of x86-64, so this needs no dispatch; it packs B 4–6× faster
-/// than element by element, which is what BD pays per call at short L (B is read once per call).
-template <Index NR>
+/// Four runs × four k into the panel, transposed in registers: panel[(k + t)·Stride + c] = run c
+/// at k + t. SSE2 is part of x86-64, so this needs no dispatch; it packs 4–6× faster than
+/// element by element, which is what BD pays per call at short L (B is read once per call).
+template <Index Stride>
 inline void transpose4x4_into(__m128 r0, __m128 r1, __m128 r2, __m128 r3, float* panel) {
   _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
   _mm_storeu_ps(panel, r0);
-  _mm_storeu_ps(panel + NR, r1);
-  _mm_storeu_ps(panel + 2 * NR, r2);
-  _mm_storeu_ps(panel + 3 * NR, r3);
+  _mm_storeu_ps(panel + Stride, r1);
+  _mm_storeu_ps(panel + 2 * Stride, r2);
+  _mm_storeu_ps(panel + 3 * Stride, r3);
 }
 
 /// Four bfloat16 values widened to float: the 16 bits become the upper half of each float.
@@ -70,6 +70,47 @@ inline __m128 load4_bf16(const Eigen::bfloat16* p) {
   return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), halves));
 }
 #endif
+
+/// panel[k·Stride + c] = run(c)[k] for c in [0, count) and k in [0, kn): `count` runs that are
+/// contiguous along k (B's columns, or X's rows read in place) transposed into a k-major panel,
+/// 4 × 4 floats or 2 × 2 doubles at a time in SSE2 registers. Returns how many runs it did (a
+/// multiple of 4 or 2; none without SSE2 or for other types): the caller does the rest.
+template <Index Stride, typename T, typename S, typename Run>
+Index transpose_runs(Run run, Index count, Index kn, T* panel) {
+  Index c = 0;
+#ifdef __SSE2__
+  if constexpr (std::is_same_v<T, float> && (std::is_same_v<S, float> || std::is_same_v<S, Eigen::bfloat16>)) {
+    for (; c + 4 <= count; c += 4) {
+      const S *p0 = run(c), *p1 = run(c + 1), *p2 = run(c + 2), *p3 = run(c + 3);
+      Index k = 0;
+      for (; k + 4 <= kn; k += 4) {
+        if constexpr (std::is_same_v<S, float>)
+          transpose4x4_into<Stride>(_mm_loadu_ps(p0 + k), _mm_loadu_ps(p1 + k), _mm_loadu_ps(p2 + k),
+                                    _mm_loadu_ps(p3 + k), panel + k * Stride + c);
+        else
+          transpose4x4_into<Stride>(load4_bf16(p0 + k), load4_bf16(p1 + k), load4_bf16(p2 + k), load4_bf16(p3 + k),
+                                    panel + k * Stride + c);
+      }
+      for (; k < kn; ++k)
+        for (Index t = 0; t < 4; ++t) panel[k * Stride + c + t] = static_cast<T>(run(c + t)[k]);
+    }
+  } else if constexpr (std::is_same_v<T, double> && std::is_same_v<S, double>) {
+    for (; c + 2 <= count; c += 2) {
+      const double *p0 = run(c), *p1 = run(c + 1);
+      Index k = 0;
+      for (; k + 2 <= kn; k += 2) {
+        const __m128d a = _mm_loadu_pd(p0 + k), b = _mm_loadu_pd(p1 + k);
+        _mm_storeu_pd(panel + k * Stride + c, _mm_unpacklo_pd(a, b));
+        _mm_storeu_pd(panel + (k + 1) * Stride + c, _mm_unpackhi_pd(a, b));
+      }
+      if (k < kn) panel[k * Stride + c] = p0[k], panel[k * Stride + c + 1] = p1[k];
+    }
+  }
+#else
+  (void)run, (void)count, (void)kn, (void)panel;
+#endif
+  return c;
+}
 
 /// Packs B's columns [c0, c0 + w), rows [k0, k0 + kn) (one depth pass) into NR-column panels,
 /// k-major inside a panel, zero columns past w.
@@ -83,6 +124,12 @@ void pack_b(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn,
       for (Index k = 0; k < kn; ++k) {
         const S* row = a.b + (k0 + k) * a.ldb + c0 + j0;
         T* to = panel + k * NR;
+        if constexpr (std::is_same_v<S, T>) {
+          if (wj == NR) {  // a fixed-size copy: a few vector moves
+            std::memcpy(to, row, sizeof(T) * NR);
+            continue;
+          }
+        }
         for (Index j = 0; j < wj; ++j) to[j] = static_cast<T>(row[j]);
         for (Index j = wj; j < NR; ++j) to[j] = T(0);
       }
@@ -92,26 +139,7 @@ void pack_b(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn,
   for (Index j0 = 0; j0 < round_up(w, NR); j0 += NR) {
     T* panel = packed + j0 * kn;
     const auto column = [&](Index j) { return a.b + (c0 + j0 + j) * a.ldb + k0; };
-    Index j = 0;
-#ifdef __SSE2__
-    constexpr bool fp32 = std::is_same_v<T, float> && (std::is_same_v<S, float> || std::is_same_v<S, Eigen::bfloat16>);
-    if constexpr (fp32) {
-      for (; j + 4 <= NR && j0 + j + 4 <= w; j += 4) {
-        const S *p0 = column(j), *p1 = column(j + 1), *p2 = column(j + 2), *p3 = column(j + 3);
-        Index k = 0;
-        for (; k + 4 <= kn; k += 4) {
-          if constexpr (std::is_same_v<S, float>)
-            transpose4x4_into<NR>(_mm_loadu_ps(p0 + k), _mm_loadu_ps(p1 + k), _mm_loadu_ps(p2 + k), _mm_loadu_ps(p3 + k),
-                                  panel + k * NR + j);
-          else
-            transpose4x4_into<NR>(load4_bf16(p0 + k), load4_bf16(p1 + k), load4_bf16(p2 + k), load4_bf16(p3 + k),
-                                  panel + k * NR + j);
-        }
-        for (; k < kn; ++k)
-          for (Index c = 0; c < 4; ++c) panel[k * NR + j + c] = static_cast<T>(column(j + c)[k]);
-      }
-    }
-#endif
+    Index j = transpose_runs<NR, T, S>(column, std::min(NR, w - j0), kn, panel);
     for (; j < NR; ++j) {
       if (j0 + j >= w) {
         for (Index k = 0; k < kn; ++k) panel[k * NR + j] = T(0);
@@ -135,17 +163,24 @@ void pack_b(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn,
 template <Index MR, typename T, typename S>
 void pack_a(const GemmArguments<T, S>& a, const Segment& seg, Index r0, Index m, Index k0, Index kn, T* packed) {
   if (a.x_row_major) {
-    // Row i of X is contiguous along the channels: read it once, scatter into the panel.
+    // Row i of X is contiguous along the channels: read it once, scatter into the panel; when
+    // the pass's channels are consecutive (a product's, not a gather), four rows at a time
+    // transposed in registers.
+    const Index* channels = seg.channels + k0;
+    bool consecutive = true;
+    for (Index k = 1; k < kn && consecutive; ++k) consecutive = channels[k] == channels[0] + k;
     for (Index i0 = 0; i0 < m; i0 += MR) {
       T* panel = packed + i0 * kn;
       const Index mi = std::min(MR, m - i0);
-      for (Index i = 0; i < MR; ++i) {
+      const auto row_run = [&](Index i) { return a.x + (r0 + i0 + i) * a.ldx + channels[0]; };
+      const Index done = consecutive && kn > 0 ? transpose_runs<MR, T, T>(row_run, mi, kn, panel) : 0;
+      for (Index i = done; i < MR; ++i) {
         if (i >= mi) {
           for (Index k = 0; k < kn; ++k) panel[k * MR + i] = T(0);
           continue;
         }
         const T* row = a.x + (r0 + i0 + i) * a.ldx;
-        for (Index k = 0; k < kn; ++k) panel[k * MR + i] = row[seg.channels[k0 + k]];
+        for (Index k = 0; k < kn; ++k) panel[k * MR + i] = row[channels[k]];
       }
     }
     return;
