@@ -1,5 +1,10 @@
 // Basis strategies choose what they promise: Residual-min the better of first/last, offset
-// search the best aligned window, one shared window for all heads, Auto within its budget.
+// search the best aligned window, one shared window for all heads, Pivoted the rows QR with
+// column pivoting picks, Auto within its budget.
+#include <algorithm>
+
+#include <Eigen/QR>
+
 #include "support.hpp"
 
 using bd::Basis;
@@ -96,6 +101,44 @@ TEST_CASE("pivoted bases are per head and not shared", "[strategy][shared]") {
   // Per-head pivoting is at least as accurate as the best shared window, on average.
   const auto window = bd::decompose_shared<float>(Us, Vs, bd::Options{}.with_basis(Basis::OffsetSearch).with_align(2));
   CHECK(set.mean_nmse() <= window.mean_nmse());
+}
+
+TEST_CASE("pivoted bases are the rows Businger-Golub pivoting picks on the dense W, well- or ill-conditioned",
+          "[strategy]") {
+  // QR with column pivoting of Wᵀ (Eigen's, in double, on the product formed densely) picks
+  // rows of W by their norms and inner products alone, which the factors' F·Fᵀ = W·Wᵀ share.
+  // Graded factors (column scales 1 … grade⁵): at grade 0.01, |R_rr|/|R_11| ≈ 1e-10 is below
+  // float's rounding, whose pivoting must hand over to double.
+  for (const double grade : {1.0, 0.1, 0.01}) {
+    for (unsigned seed = 1; seed <= 4; ++seed) {
+      auto p = random_product(40, 30, 6, seed);
+      for (Eigen::Index k = 0; k < 6; ++k) p.U.col(k) *= std::pow(grade, double(k));
+      const Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(Eigen::MatrixXd(p.W().transpose()));
+      std::vector<Eigen::Index> want(qr.colsPermutation().indices().data(), qr.colsPermutation().indices().data() + 6);
+      std::sort(want.begin(), want.end());
+      const auto d = bd::decompose_product<float>(p.U, p.V, bd::Options{}.with_basis(Basis::Pivoted));
+      INFO("grade " << grade << ", seed " << seed);
+      CHECK(d.indices() == want);
+    }
+  }
+}
+
+TEST_CASE("pivoting hands over to double where float cannot tell the rows apart", "[strategy]") {
+  // W's rows 0..4 are orthonormal; row 5 leaves their span by 1e-10, row 6 by 1e-9: the sixth
+  // basis row must be row 6 (its coefficients stay 10x smaller). Float's rounding (6e-8) hides
+  // both departures: pivoting in float picks between them by its rounding errors.
+  Eigen::MatrixXd U = Eigen::MatrixXd::Zero(8, 6);
+  for (Eigen::Index i = 0; i < 5; ++i) U(i, i) = 1;
+  U(5, 1) = 1, U(5, 5) = 1e-10;
+  U(6, 0) = 1, U(6, 5) = 1e-9;
+  U(7, 2) = U(7, 3) = 0.5;
+  // Turned by a random rotation (which keeps W's row geometry), so that no arithmetic is exact.
+  const Eigen::HouseholderQR<Eigen::MatrixXd> turn(bd_test::gaussian(6, 6, 8u));
+  U = U * Eigen::MatrixXd(turn.householderQ());
+  const Eigen::HouseholderQR<Eigen::MatrixXd> orth(bd_test::gaussian(10, 6, 9u));
+  const Eigen::MatrixXd V = orth.householderQ() * Eigen::MatrixXd::Identity(10, 6);  // VᵀV = I: F = U
+  const auto d = bd::decompose_product<double>(U, V, bd::Options{}.with_basis(Basis::Pivoted));
+  CHECK(d.indices() == std::vector<Eigen::Index>{0, 1, 2, 3, 4, 6});
 }
 
 TEST_CASE("auto takes the shared window when it meets the budget and says why", "[strategy][auto]") {

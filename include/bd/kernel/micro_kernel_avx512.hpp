@@ -81,6 +81,10 @@ struct Avx512Kernel {
   }
   /// P·A = L·U in place for a small row-major A (small_lu.hpp).
   static void lu_rows(T* a, Index n, Index ld, Index* perm) { avx512::lu_rows<Ops>(a, n, ld, perm); }
+  /// The pivots of QR with column pivoting (pivoted_qr.hpp).
+  static void qr_pivots(T* a, Index rows, Index ld, Index cols, Index count, Index* perm, T* diag, T* scratch) {
+    avx512::qr_pivots<Ops>(a, rows, ld, cols, count, perm, diag, scratch);
+  }
 };
 
 }  // namespace bd::kernel

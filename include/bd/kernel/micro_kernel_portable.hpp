@@ -5,14 +5,38 @@
 //   tile      acc(MR × NR) = start; acc += A·B over kc; dst = acc   (packed A and B)
 //   dot_columns  result[c·4 + i] = rows[i, :]·B[:, c], up to four contiguous rows against a run
 //                of B's columns (decoding)
+// and the small factorizations (lu_rows, qr_pivots).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
 
 #include "bd/kernel/arguments.hpp"
 
 namespace bd::kernel {
+namespace portable {
+
+/// micro_kernel_simd.inc's operations on one scalar (lanes = 1): its bodies compiled in plain
+/// C++, for the kernels written only there (qr_pivots).
+template <typename T>
+struct Ops {
+  using V = T;
+  static constexpr Index lanes = 1;
+  static V load(const T* p) { return *p; }
+  static void store(T* p, V v) { *p = v; }
+  static V set1(T s) { return s; }
+  static V fma(V a, V b, V c) { return a * b + c; }
+  static V add(V a, V b) { return a + b; }
+  static T sum(V v) { return v; }
+};
+
+#define BD_KERNEL_TARGET
+#include "bd/kernel/micro_kernel_simd.inc"
+#undef BD_KERNEL_TARGET
+
+}  // namespace portable
 
 template <typename T>
 struct PortableKernel {
@@ -78,6 +102,12 @@ struct PortableKernel {
       }
       p = next;
     }
+  }
+
+  /// The pivots of QR with column pivoting (pivoted_qr.hpp): micro_kernel_simd.inc's qr_pivots
+  /// one scalar at a time.
+  static void qr_pivots(T* a, Index rows, Index ld, Index cols, Index count, Index* perm, T* diag, T* scratch) {
+    portable::qr_pivots<portable::Ops<T>>(a, rows, ld, cols, count, perm, diag, scratch);
   }
 };
 
