@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -84,6 +85,11 @@ struct WindowScore {
 /// value needs a few digits: in float ‖Q_S⁻¹·D‖² errs by about κ·u₃₂ ≤ 6e-3 relative here
 /// (the well-conditioned windows that rank first err far less), the sketch by sqrt(2/k) ≈ 0.5.
 /// Orthonormal 512×128 factors give 128×128 blocks with rcond 1e-5…1e-3: nearly all in float.
+/// The float condition is read off what the score computes anyway (no estimator's extra
+/// solves): exactly, 1/(‖Q_Sᵀ‖₁·‖Q_S⁻ᵀ‖₁) from the inverse; sketched, 1/(‖Q_S‖_F·‖Q_S⁻¹‖_F)
+/// with ‖Q_S⁻¹‖²_F ≈ ‖Y‖²_F/k (Y below: Qᵀ·Ω is standard Gaussian, Q having orthonormal
+/// columns), within a factor √r of the 1-norm figure and the sketch's spread — far inside the
+/// margin of this threshold.
 inline constexpr double float_score_rcond = 1e-5;
 
 /// 2‖C·D‖² + ‖D‖² from inv_t = (Q_Sᵀ)⁻¹ = (Q_S⁻¹)ᵀ:
@@ -125,10 +131,21 @@ inline WindowScore score_window(const FactoredProduct& p, const std::vector<Inde
     const bool window = S.back() - S.front() + 1 == static_cast<Index>(S.size());
     if (window) lu.compute(p.Qf.middleRows(S.front(), p.r()).transpose());
     else lu.compute(p.Qf(S, Eigen::all).transpose());
-    const double rcond = lu.rcond();
-    if (rcond > float_score_rcond) {
+    double rcond, model;
+    if (exact) {
+      const Eigen::MatrixXf inv_t = lu.inverse();
+      rcond = 1.0 / (lu.norm1() * double(inv_t.cwiseAbs().colwise().sum().maxCoeff()));
+      model = exact_model(inv_t, D);
+    } else {
+      const Eigen::MatrixXf Y = lu.solve(p.sketch_t);
+      const double QS2 = window ? double(p.Qf.middleRows(S.front(), p.r()).squaredNorm())
+                                : double(p.Qf(S, Eigen::all).squaredNorm());
+      rcond = 1.0 / std::sqrt(QS2 * double(Y.squaredNorm()) / double(Y.cols()));
+      model = sketched_model(Y, p, S, D);
+    }
+    if (rcond > float_score_rcond && model < std::numeric_limits<double>::infinity()) {
       score.rcond = rcond;
-      score.model = exact ? exact_model(lu.inverse(), D) : sketched_model(lu.solve(p.sketch_t), p, S, D);
+      score.model = model;
       return score;
     }
   }

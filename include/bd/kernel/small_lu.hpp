@@ -49,6 +49,8 @@ public:
   }
 
   Index size() const { return n_; }
+  /// ‖A‖₁, the largest column sum of |A|.
+  double norm1() const { return norm1_; }
   /// L (unit, strictly below the diagonal) and U (on and above it), row-major.
   /// (A block of the factorization's storage, read in place.)
   auto matrixLU() const { return buffer_.topLeftCorner(n_, n_); }
