@@ -77,19 +77,32 @@ ProductPrecision product_precision(bool allowed) {
   return {allowed && !std::is_same_v<Scalar, double>, allowed && narrow};
 }
 
-/// Per-thread scratch of fit_basis: B and ΔB (r×n) in float and in double, and every
+/// Per-thread scratch of fit_basis: B and ΔB (r×n) in float and in double, U_S, and every
 /// (m−r)×r block (U_R, Q_R, C, Ĉ, D̂, [D̂ Ĉ] in float). A layer's products are all one shape,
 /// so after a thread's first product nothing of this size is allocated again: each of these
 /// blocks is over glibc's mmap threshold, and fresh ones would be faulted in, zeroed, for every
 /// product (the allocator's share that bd::keep_freed_heap() otherwise recovers).
 struct FitBuffers {
   Eigen::MatrixXf Bf, dBf, X;
-  Eigen::MatrixXd Bd, dB, UR, QR, C, Ch, Dh;
+  Eigen::MatrixXd Bd, dB, US, UR, QR, C, Ch, Dh;
 };
 
 inline FitBuffers& fit_buffers() {
   thread_local FitBuffers buffers;
   return buffers;
+}
+
+/// out = rows `list` (ascending) of A, copied run by run: a window's complement is two blocks,
+/// each column of which is one contiguous copy (Eigen's indexed view reads element by element).
+inline void gather_rows(const Eigen::MatrixXd& A, const std::vector<Index>& list, Eigen::MatrixXd& out) {
+  out.resize(static_cast<Index>(list.size()), A.cols());
+  for (std::size_t k = 0; k < list.size();) {
+    std::size_t end = k + 1;
+    while (end < list.size() && list[end] == list[end - 1] + 1) ++end;
+    const Index len = static_cast<Index>(end - k);
+    out.middleRows(static_cast<Index>(k), len) = A.middleRows(list[k], len);
+    k = end;
+  }
 }
 
 /// ‖A‖²_F of a float matrix, summed in double: eight independent partial sums, so the loop
@@ -127,15 +140,16 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   BasisFit<Scalar> fit;
   const std::vector<Index> R = complement(S, p.m());
   FitBuffers& buf = fit_buffers();
-  const MatrixXd US = p.U(S, Eigen::all);
-  buf.UR = p.U(R, Eigen::all), buf.QR = p.Q(R, Eigen::all);  // (m−r)×r, reused across products
-  const MatrixXd &UR = buf.UR, &QR = buf.QR;
+  gather_rows(p.U, S, buf.US);
+  gather_rows(p.U, R, buf.UR), gather_rows(p.Q, R, buf.QR);  // (m−r)×r, reused across products
+  const MatrixXd &US = buf.US, &UR = buf.UR, &QR = buf.QR;
   const auto USt = US.transpose();
 
   // Q_Sᵀ factored on the CPU's vectors (kernel/small_lu.hpp: Eigen's unblocked algorithm and
   // rcond estimate); the factorization's storage is kept per thread.
   thread_local bd::kernel::SmallLU<double> lu;
-  lu.compute(p.Q(S, Eigen::all).transpose());
+  if (S.back() - S.front() + 1 == r) lu.compute(p.Q.middleRows(S.front(), r).transpose());  // a window
+  else lu.compute(p.Q(S, Eigen::all).transpose());
   fit.rcond = lu.rcond();
   require_nonsingular(fit.rcond, S, p.name);
   const MatrixXd QSinv = lu.inverse().transpose();  // C = Q_R·Q_S⁻¹

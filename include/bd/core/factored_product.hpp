@@ -61,13 +61,6 @@ inline std::shared_ptr<const Eigen::MatrixXd> sketch_matrix(Index m, const Optio
   return std::make_shared<const Eigen::MatrixXd>(Eigen::MatrixXd::NullaryExpr(m, k, [&]() { return normal(rng); }));
 }
 
-/// AᵀA on the dispatched kernel (its lower triangle, mirrored: exactly symmetric), in double.
-template <typename T>
-Eigen::MatrixXd gram(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& A) {
-  if constexpr (std::is_same_v<T, double>) return bd::kernel::gram(A);
-  else return bd::kernel::gram(A).template cast<double>();
-}
-
 /// Q with range(Q) = range(U), QᵀQ = I, by Cholesky QR: UᵀU = RᵀR, Q = U·R⁻¹ (two GEMMs on the
 /// dispatched kernel, where Householder QR would run level-2 code at the build's SIMD width).
 /// One pass loses orthogonality as κ(U)²·u, so a second pass (CholeskyQR2, Fukaya et al. 2014)
@@ -76,7 +69,7 @@ Eigen::MatrixXd gram(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& A) 
 inline bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q) {
   Q = U;
   for (int pass = 0; pass < 2; ++pass) {
-    const Eigen::LLT<Eigen::MatrixXd> llt(gram(Q));
+    const Eigen::LLT<Eigen::MatrixXd> llt(bd::kernel::gram(Q));
     if (llt.info() != Eigen::Success) return false;
     const double rcond = llt.rcond();  // ≈ 1/κ(Q)²
     if (pass == 0 && !(rcond > 1e-12)) return false;
@@ -119,7 +112,7 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eige
     p.G = Gf.cast<double>();
     p.row_norm2 = (bd::kernel::matmul(Uf, Gf).array() * Uf.array()).rowwise().sum().max(0.0f).cast<double>();
   } else {
-    p.G = gram(V);
+    p.G = bd::kernel::gram(V);
     p.row_norm2 = (bd::kernel::matmul(U, p.G).array() * U.array()).rowwise().sum().max(0.0);
   }
   p.norm2 = p.row_norm2.sum();

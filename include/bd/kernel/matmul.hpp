@@ -46,6 +46,23 @@ Operand<T> operand(const Eigen::MatrixBase<Derived>& m, Eigen::Matrix<T, Eigen::
   return {storage.data(), storage.outerStride(), false};
 }
 
+/// out = X·B on the dispatched kernel: X rows × depth, B depth × cols, every column of X one
+/// channel in order; lower_only: only the micro-tiles that meet the lower triangle (a Gram).
+template <typename T>
+void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Index depth, Index cols, T* out, Index ldo,
+                       bool lower_only) {
+  std::vector<Index> channels(static_cast<std::size_t>(depth));
+  std::iota(channels.begin(), channels.end(), Index(0));
+  GemmArguments<T, T> args;
+  args.rows = rows;
+  args.x = x.data, args.ldx = x.ld, args.x_row_major = x.row_major;
+  args.b = b.data, args.ldb = b.ld, args.b_row_major = b.row_major;
+  args.out = out, args.ldo = ldo;
+  args.segments.push_back({channels.data(), depth, 0, cols});
+  args.lower_only = lower_only;
+  gemm(args);
+}
+
 }  // namespace detail
 
 /// out = a·b (a: L×K, b: K×N; column-major out, any operands) on the dispatched kernel. On up
@@ -66,15 +83,7 @@ void matmul_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<D
   }
   Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
   const detail::Operand<T> x = detail::operand(a, a_storage), y = detail::operand(b, b_storage);
-  std::vector<Index> channels(static_cast<std::size_t>(a.cols()));
-  std::iota(channels.begin(), channels.end(), Index(0));
-  GemmArguments<T, T> args;
-  args.rows = a.rows();
-  args.x = x.data, args.ldx = x.ld, args.x_row_major = x.row_major;
-  args.b = y.data, args.ldb = y.ld, args.b_row_major = y.row_major;
-  args.out = out.derived().data(), args.ldo = out.outerStride();
-  args.segments.push_back({channels.data(), a.cols(), 0, b.cols()});
-  gemm(args);
+  detail::product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false);
 }
 
 /// out = aᵀ·a (a: K×N, out: N×N), exactly symmetric: the dispatched kernel computes only the
@@ -96,17 +105,8 @@ void gram_into(const Eigen::MatrixBase<Derived>& a, Eigen::MatrixBase<DerivedOut
   } else {
     Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> storage;
     const detail::Operand<T> y = detail::operand(a, storage);
-    std::vector<Index> channels(static_cast<std::size_t>(a.rows()));
-    std::iota(channels.begin(), channels.end(), Index(0));
-    GemmArguments<T, T> args;
-    args.rows = n;
-    // X = aᵀ: the same storage read in the other order.
-    args.x = y.data, args.ldx = y.ld, args.x_row_major = !y.row_major;
-    args.b = y.data, args.ldb = y.ld, args.b_row_major = y.row_major;
-    args.out = out.derived().data(), args.ldo = out.outerStride();
-    args.segments.push_back({channels.data(), a.rows(), 0, n});
-    args.lower_only = true;
-    gemm(args);
+    const detail::Operand<T> x{y.data, y.ld, !y.row_major};  // aᵀ: the same storage read in the other order
+    detail::product_on_kernel(x, y, n, a.rows(), n, out.derived().data(), out.outerStride(), true);
   }
   for (Index j = 1; j < n; ++j)
     for (Index i = 0; i < j; ++i) out(i, j) = out(j, i);

@@ -16,7 +16,6 @@
 #pragma once
 
 #include <algorithm>
-#include <numeric>
 #include <vector>
 
 #include <Eigen/Core>
