@@ -270,13 +270,8 @@ Decomposition<Scalar> assemble(const FactoredProduct& p, BasisFit<Scalar> fit, S
   report.nmse = p.norm2 > 0 ? fit.residual2 / p.norm2 : (fit.residual2 > 0 ? INFINITY : 0.0);
   report.rcond = fit.rcond;
   report.refitted = fit.refitted;
-  using M = typename Decomposition<Scalar>::Matrix;
-  M basis = std::move(fit.B), coeff = std::move(fit.C);
-  if (side == Side::Col) {
-    basis.transposeInPlace();
-    coeff.transposeInPlace();
-  }
-  return Decomposition<Scalar>(side, rows, cols, std::move(fit.S), std::move(basis), std::move(coeff),
+  // In column form B and C are the transposes of the row form's (assemble_all turned them).
+  return Decomposition<Scalar>(side, rows, cols, std::move(fit.S), std::move(fit.B), std::move(fit.C),
                                std::move(report));
 }
 
@@ -285,6 +280,15 @@ std::vector<Decomposition<Scalar>> assemble_all(const std::vector<FactoredProduc
                                                 const std::vector<double>& floors, const Options& opts, Index rows,
                                                 Index cols, double truncation_nmse = 0) {
   const double u2 = unit_roundoff<Scalar>() * unit_roundoff<Scalar>();
+  if (opts.side == Side::Col) {
+    // The column form's B and C are the row form's transposed: per head, in parallel (an r×n
+    // and an (m−r)×r copy each).
+    parallel_for(static_cast<Index>(ps.size()), [&](Index h) {
+      auto& fit = out.fits[static_cast<std::size_t>(h)];
+      fit.B.transposeInPlace();
+      fit.C.transposeInPlace();
+    });
+  }
   std::vector<Decomposition<Scalar>> heads;
   heads.reserve(ps.size());
   for (std::size_t h = 0; h < ps.size(); ++h) {
