@@ -40,6 +40,11 @@ inline std::vector<Index> contiguous(Index offset, Index r) {
   return s;
 }
 
+/// Whether ascending basis rows S form one contiguous window (read as a block, not gathered).
+inline bool is_window(const std::vector<Index>& S) {
+  return !S.empty() && S.back() - S.front() + 1 == static_cast<Index>(S.size());
+}
+
 inline std::vector<Index> complement(const std::vector<Index>& sorted, Index m) {
   std::vector<Index> out;
   out.reserve(static_cast<std::size_t>(m) - sorted.size());
@@ -128,7 +133,7 @@ inline WindowScore score_window(const FactoredProduct& p, const std::vector<Inde
     // one factorization buffer per thread: this runs for every window of every product.
     // Sketched: Ω_Rᵀ·C = (ΩᵀQ)·Q_S⁻¹ − Ω_Sᵀ;   E‖Ω_Rᵀ·C·D‖² = k·‖C·D‖².
     thread_local bd::kernel::SmallLU<float> lu;
-    const bool window = S.back() - S.front() + 1 == static_cast<Index>(S.size());
+    const bool window = is_window(S);
     if (window) lu.compute(p.Qf.middleRows(S.front(), p.r()).transpose());
     else lu.compute(p.Qf(S, Eigen::all).transpose());
     double rcond, model;

@@ -148,7 +148,7 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   // Q_Sᵀ factored on the CPU's vectors (kernel/small_lu.hpp: Eigen's unblocked algorithm and
   // rcond estimate); the factorization's storage is kept per thread.
   thread_local bd::kernel::SmallLU<double> lu;
-  if (S.back() - S.front() + 1 == r) lu.compute(p.Q.middleRows(S.front(), r).transpose());  // a window
+  if (is_window(S)) lu.compute(p.Q.middleRows(S.front(), r).transpose());
   else lu.compute(p.Q(S, Eigen::all).transpose());
   fit.rcond = lu.rcond();
   require_nonsingular(fit.rcond, S, p.name);
