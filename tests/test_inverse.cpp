@@ -1,7 +1,10 @@
 // bd::kernel's blocked inverses (preparation's r×r blocks) are inverses to the accuracy of a
 // backward-stable solve: ‖A·A⁻¹ − I‖ ≤ c·n·u·κ(A), across the recursion's leaf size and odd
 // splits, on every micro-kernel this CPU runs.
+#include <cmath>
+
 #include <bd/kernel/inverse.hpp>
+#include <bd/kernel/small_lu.hpp>
 
 #include "support.hpp"
 
@@ -69,4 +72,28 @@ TEST_CASE("lower-triangular inverse reads only the lower triangle", "[kernel][in
   const Eigen::MatrixXd unit_inv = bd::kernel::lower_inverse<Eigen::UnitLower>(garbage);
   const Eigen::MatrixXd unit = Eigen::MatrixXd(L.triangularView<Eigen::UnitLower>());
   CHECK(scaled_residual(unit, unit_inv) < 16);
+}
+
+TEST_CASE("inverses into reused storage: transposed operands read in place, any order of sizes", "[kernel][inverse]") {
+  // Preparation keeps the outputs and scratch of these per thread across products of different
+  // shapes; a result must not depend on what the storage held before.
+  bd_test::for_each_isa([] {
+    Eigen::MatrixXd out, from_transpose;
+    for (Eigen::Index n : {128, 49, 200, 5, 128}) {
+      INFO("n = " << n);
+      Eigen::MatrixXd L = bd_test::gaussian(n, n, unsigned(n) + 11);
+      L.diagonal().array() += 3.0 * std::sqrt(double(n));
+      bd::kernel::lower_inverse_into(L, out);
+      CHECK(out == bd::kernel::lower_inverse(Eigen::MatrixXd(L)));
+      // Lᵀᵀ: the upper triangle of the transpose, read row-major without a copy.
+      const Eigen::MatrixXd Lt = L.transpose();
+      bd::kernel::lower_inverse_into(Lt.transpose(), from_transpose);
+      CHECK(scaled_residual(Eigen::MatrixXd(L.triangularView<Eigen::Lower>()), from_transpose) < 16);
+
+      bd::kernel::SmallLU<double> lu(L);
+      lu.inverse_into(out);
+      CHECK(scaled_residual(L, out) < 16);
+      CHECK(out == lu.inverse());
+    }
+  });
 }

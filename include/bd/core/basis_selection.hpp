@@ -138,7 +138,8 @@ inline WindowScore score_window(const FactoredProduct& p, const std::vector<Inde
     else lu.compute(p.Qf(S, Eigen::all).transpose());
     double rcond, model;
     if (exact) {
-      const Eigen::MatrixXf inv_t = lu.inverse();
+      thread_local Eigen::MatrixXf inv_t;  // kept per thread (kernel/inverse.hpp says why)
+      lu.inverse_into(inv_t);
       rcond = 1.0 / (lu.norm1() * double(inv_t.cwiseAbs().colwise().sum().maxCoeff()));
       model = exact_model(inv_t, D);
     } else {

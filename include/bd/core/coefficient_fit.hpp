@@ -77,14 +77,16 @@ ProductPrecision product_precision(bool allowed) {
   return {allowed && !std::is_same_v<Scalar, double>, allowed && narrow};
 }
 
-/// Per-thread scratch of fit_basis: B and ΔB (r×n) in float and in double, U_S, and every
-/// (m−r)×r block (U_R, Q_R, C, Ĉ, D̂, [D̂ Ĉ] in float). A layer's products are all one shape,
-/// so after a thread's first product nothing of this size is allocated again: each of these
-/// blocks is over glibc's mmap threshold, and fresh ones would be faulted in, zeroed, for every
-/// product (the allocator's share that bd::keep_freed_heap() otherwise recovers).
+/// Per-thread scratch of fit_basis: B and ΔB (r×n) in float and in double, U_S, every
+/// (m−r)×r block (U_R, Q_R, C, Ĉ, D̂, [D̂ Ĉ] in float) and every r×r one. A layer's products are
+/// all one shape, so after a thread's first product nothing of this size is allocated again:
+/// each of these blocks is at or over glibc's mmap threshold (128 KiB: an r×r double at r = 128),
+/// and fresh ones would be faulted in, zeroed, for every product (13–17 % of DeepSeek-V2-Lite's
+/// preparation, measured with the allocator told to keep them instead).
 struct FitBuffers {
-  Eigen::MatrixXf Bf, dBf, X;
+  Eigen::MatrixXf Bf, dBf, X, USf, dBVf, dBdBtf, XtX;
   Eigen::MatrixXd Bd, dB, US, UR, QR, C, Ch, Dh;
+  Eigen::MatrixXd QSinv_t, dBV, dBdBt, GUSt, Y, BBt, inv, M, T;  // r×r
 };
 
 inline FitBuffers& fit_buffers() {
@@ -130,12 +132,13 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
                            PhaseTimes& times) {
   using Eigen::MatrixXd;
   using Eigen::MatrixXf;
+  using bd::kernel::gram_into;
+  using bd::kernel::matmul_into;
   // Products of r×r and larger run on the dispatched kernel (kernel/matmul.hpp), not at the
   // SSE2 speed Eigen has in a build without -march; solves go through explicit r×r inverses
-  // so that their many right-hand sides become products too.
-  const auto mul = [](const auto& a, const auto& b) { return bd::kernel::matmul(a, b); };
+  // so that their many right-hand sides become products too. Every intermediate lives in the
+  // thread's FitBuffers.
   const Index r = p.r();
-  const MatrixXd I = MatrixXd::Identity(r, r);
   Stopwatch clock;
   BasisFit<Scalar> fit;
   const std::vector<Index> R = complement(S, p.m());
@@ -145,26 +148,27 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   const MatrixXd &US = buf.US, &UR = buf.UR, &QR = buf.QR;
   const auto USt = US.transpose();
 
-  // Q_Sᵀ factored on the CPU's vectors (kernel/small_lu.hpp: Eigen's unblocked algorithm and
-  // rcond estimate); the factorization's storage is kept per thread.
+  // Q_Sᵀ factored on the CPU's vectors (kernel/small_lu.hpp: panel-blocked partial pivoting and
+  // Hager's rcond estimate); the factorization's storage is kept per thread. C = Q_R·Q_S⁻¹ reads
+  // (Q_Sᵀ)⁻¹ transposed, in place.
   thread_local bd::kernel::SmallLU<double> lu;
   if (is_window(S)) lu.compute(p.Q.middleRows(S.front(), r).transpose());
   else lu.compute(p.Q(S, Eigen::all).transpose());
   fit.rcond = lu.rcond();
   require_nonsingular(fit.rcond, S, p.name);
-  const MatrixXd QSinv = lu.inverse().transpose();  // C = Q_R·Q_S⁻¹
+  lu.inverse_into(buf.QSinv_t);
+  const auto QSinv = buf.QSinv_t.transpose();
 
   // B = U_S·Vᵀ, its stored value B̂ and ΔB = B̂ − B (float when the Grams are).
   const bool exact_basis = std::is_same_v<Scalar, double>;
-  // The r×n buffers live per thread: a layer's products are all one shape, so after the first
-  // product no buffer is allocated (and no fresh pages are faulted in) again.
   MatrixXf& dBf = buf.dBf;
   MatrixXd& dB = buf.dB;
   bool formed_in_float = false;
   if constexpr (bd::kernel::detail::is_narrow_v<Scalar>) {
     if (precision.fp32_basis) {
+      buf.USf = US.cast<float>();
       buf.Bf.resize(r, p.n());
-      bd::kernel::matmul_into(MatrixXf(US.cast<float>()), p.Vf().transpose(), buf.Bf);
+      matmul_into(buf.USf, p.Vf().transpose(), buf.Bf);
       times.fit += clock.lap();
       fit.B = round_matrix<Scalar>(buf.Bf);
       // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
@@ -176,7 +180,7 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   }
   if (!formed_in_float) {
     buf.Bd.resize(r, p.n());
-    bd::kernel::matmul_into(US, p.V.transpose(), buf.Bd);
+    matmul_into(US, p.V.transpose(), buf.Bd);
     const MatrixXd& B = buf.Bd;
     times.fit += clock.lap();
     fit.B = round_matrix<Scalar>(B);
@@ -193,43 +197,58 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   times.round += clock.lap();
 
   MatrixXd& C = buf.C;
-  C.resize(R.size(), r);
-  MatrixXd dBV = MatrixXd::Zero(r, r), dBdBt = MatrixXd::Zero(r, r);
+  C.resize(static_cast<Index>(R.size()), r);
+  MatrixXd &dBV = buf.dBV, &dBdBt = buf.dBdBt;
+  dBV.setZero(r, r), dBdBt.setZero(r, r);
   double dB2 = 0;  // ‖ΔB‖²
   if (exact_basis) {
     // B̂ = B: C is already the least-squares fit; nothing to refit against.
-    bd::kernel::matmul_into(QR, QSinv, C);
+    matmul_into(QR, QSinv, C);
   } else {
     if (precision.fp32_grams) {
-      dBV = mul(dBf, p.Vf()).template cast<double>();
-      dBdBt = bd::kernel::gram(dBf.transpose()).template cast<double>();
+      buf.dBVf.resize(r, r), buf.dBdBtf.resize(r, r);
+      matmul_into(dBf, p.Vf(), buf.dBVf);
+      gram_into(dBf.transpose(), buf.dBdBtf);
+      dBV = buf.dBVf.cast<double>(), dBdBt = buf.dBdBtf.cast<double>();
       dB2 = squared_norm_in_double(dBf);
     } else {
-      dBV = mul(dB, p.V);
-      dBdBt = bd::kernel::gram(dB.transpose());
+      matmul_into(dB, p.V, dBV);
+      gram_into(dB.transpose(), dBdBt);
       dB2 = dB.squaredNorm();
     }
     if (!refit) {
-      bd::kernel::matmul_into(QR, QSinv, C);
+      matmul_into(QR, QSinv, C);
     } else {
       // Normal equations C'·B̂B̂ᵀ = U_R·Vᵀ·B̂ᵀ with B̂ = B + ΔB and C·U_S = U_R − D:
       //   Y = ΔB·B̂ᵀ = ΔB·V·U_Sᵀ + ΔB·ΔBᵀ,   B̂B̂ᵀ = U_S·G·U_Sᵀ + Y + Yᵀ − ΔB·ΔBᵀ,
       //   C' = C − C·Y·(B̂B̂ᵀ)⁻¹ + D·(G·U_Sᵀ + (ΔB·V)ᵀ)·(B̂B̂ᵀ)⁻¹.
       // Without D, C' = Q_R·Q_S⁻¹·(I − Y·(B̂B̂ᵀ)⁻¹): one (m−r)×r×r product for the whole fit.
-      const MatrixXd GUSt = mul(p.G, USt), Y = mul(dBV, USt) + dBdBt;
-      const MatrixXd BBt = mul(US, GUSt) + Y + Y.transpose() - dBdBt;
-      const Eigen::LLT<MatrixXd> llt(BBt);
+      MatrixXd &GUSt = buf.GUSt, &Y = buf.Y, &BBt = buf.BBt;
+      GUSt.resize(r, r), Y.resize(r, r), BBt.resize(r, r);
+      matmul_into(p.G, USt, GUSt);
+      matmul_into(dBV, USt, Y);
+      Y += dBdBt;
+      matmul_into(US, GUSt, BBt);
+      BBt += Y + Y.transpose() - dBdBt;
+      thread_local Eigen::LLT<MatrixXd> llt;
+      llt.compute(BBt);
       // A dependent basis (rank-deficient V) leaves B̂B̂ᵀ singular: the unrefitted C is then kept.
       if (llt.info() == Eigen::Success && llt.rcond() > 1e-13) {
-        const MatrixXd inv = bd::kernel::inverse(llt);
-        bd::kernel::matmul_into(QR, mul(QSinv, MatrixXd(I - mul(Y, inv))), C);
+        MatrixXd &inv = buf.inv, &M = buf.M, &T = buf.T;
+        bd::kernel::inverse_into(llt, inv);
+        M.resize(r, r), T.resize(r, r);
+        matmul_into(Y, inv, M);  // M = I − Y·(B̂B̂ᵀ)⁻¹
+        M = -M;
+        M.diagonal().array() += 1.0;
+        matmul_into(QSinv, M, T);
+        matmul_into(QR, T, C);
         if (fit.rcond < well_conditioned_rcond) {
-          const MatrixXd D = UR - mul(mul(QR, QSinv), US);
-          C += mul(D, mul(MatrixXd(GUSt + dBV.transpose()), inv));
+          const MatrixXd D = UR - bd::kernel::matmul(bd::kernel::matmul(QR, QSinv), US);
+          C += bd::kernel::matmul(D, bd::kernel::matmul(MatrixXd(GUSt + dBV.transpose()), inv));
         }
         fit.refitted = true;
       } else {
-        bd::kernel::matmul_into(QR, QSinv, C);
+        matmul_into(QR, QSinv, C);
       }
     }
   }
@@ -244,22 +263,27 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   Ch.resize(fit.C.rows(), r);
   kernel::widen_into(fit.C.data(), fit.C.size(), Ch.data());
   Dh.resize(Ch.rows(), r);
-  bd::kernel::matmul_into(Ch, US, Dh);
+  matmul_into(Ch, US, Dh);
   Dh = UR - Dh;  // elementwise: reading and writing the same entry
   double e2;
   if (exact_basis) {
-    e2 = bd::kernel::gram(Dh).cwiseProduct(p.G).sum();
+    MatrixXd& DtD = buf.T;
+    DtD.resize(r, r);
+    gram_into(Dh, DtD);
+    e2 = DtD.cwiseProduct(p.G).sum();
+  } else if (precision.fp32_grams) {
+    MatrixXf &X = buf.X, &XtX = buf.XtX;
+    X.resize(Dh.rows(), 2 * r);
+    X << Dh.cast<float>(), Ch.cast<float>();
+    XtX.resize(2 * r, 2 * r);
+    gram_into(X, XtX);  // [D̂ Ĉ]ᵀ[D̂ Ĉ]: D̂ᵀD̂, ĈᵀD̂ and ĈᵀĈ as its blocks
+    e2 = XtX.topLeftCorner(r, r).cast<double>().cwiseProduct(p.G).sum() -
+         2 * XtX.bottomLeftCorner(r, r).cast<double>().cwiseProduct(dBV).sum() +
+         XtX.bottomRightCorner(r, r).cast<double>().cwiseProduct(dBdBt).sum() + dB2;
   } else {
-    MatrixXd DtD, CtD, CtC;
-    if (precision.fp32_grams) {
-      MatrixXf& X = buf.X;
-      X.resize(Dh.rows(), 2 * r);
-      X << Dh.cast<float>(), Ch.cast<float>();
-      const MatrixXd XtX = bd::kernel::gram(X).template cast<double>();  // [D̂ Ĉ]ᵀ[D̂ Ĉ]
-      DtD = XtX.topLeftCorner(r, r), CtD = XtX.bottomLeftCorner(r, r), CtC = XtX.bottomRightCorner(r, r);
-    } else {
-      DtD = bd::kernel::gram(Dh), CtD = mul(Ch.transpose(), Dh), CtC = bd::kernel::gram(Ch);
-    }
+    MatrixXd &DtD = buf.T, &CtD = buf.M, &CtC = buf.inv;
+    DtD.resize(r, r), CtD.resize(r, r), CtC.resize(r, r);
+    gram_into(Dh, DtD), matmul_into(Ch.transpose(), Dh, CtD), gram_into(Ch, CtC);
     e2 = DtD.cwiseProduct(p.G).sum() - 2 * CtD.cwiseProduct(dBV).sum() + CtC.cwiseProduct(dBdBt).sum() + dB2;
   }
   fit.residual2 = std::max(0.0, e2);

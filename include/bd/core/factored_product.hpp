@@ -67,14 +67,22 @@ inline std::shared_ptr<const Eigen::MatrixXd> sketch_matrix(Index m, const Optio
 /// follows when κ(U) > 10² and Q is then orthonormal to working precision. Returns false when
 /// κ(U) > 10⁶ (UᵀU is then too ill-conditioned to factor): the caller uses Householder QR.
 inline bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q) {
-  Q = U;
+  // r×r and m×r scratch per thread: this runs for every product (kernel/inverse.hpp says why).
+  thread_local Eigen::MatrixXd gram, Linv, previous;
+  thread_local Eigen::LLT<Eigen::MatrixXd> llt;
+  const Index r = U.cols();
+  gram.resize(r, r);
   for (int pass = 0; pass < 2; ++pass) {
-    const Eigen::LLT<Eigen::MatrixXd> llt(bd::kernel::gram(Q));
+    if (pass == 1) previous = Q;
+    const Eigen::MatrixXd& in = pass == 0 ? U : previous;
+    bd::kernel::gram_into(in, gram);
+    llt.compute(gram);
     if (llt.info() != Eigen::Success) return false;
     const double rcond = llt.rcond();  // ≈ 1/κ(Q)²
     if (pass == 0 && !(rcond > 1e-12)) return false;
-    const Eigen::MatrixXd Rinv = bd::kernel::lower_inverse(llt.matrixLLT()).transpose();  // R = Lᵀ
-    Q = bd::kernel::matmul(Q, Rinv);
+    bd::kernel::lower_inverse_into(llt.matrixLLT(), Linv);  // R⁻¹ = L⁻ᵀ (R = Lᵀ), read transposed
+    Q.resize(in.rows(), r);
+    bd::kernel::matmul_into(in, Linv.transpose(), Q);
     if (pass == 0 && rcond > 1e-4) break;
   }
   return true;
@@ -107,10 +115,13 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eige
   if (vf.size()) {
     // G from float V is accurate to float's unit (coefficient_fit.hpp), so ‖W_i‖² = U_i·G·U_iᵀ
     // loses nothing more in float: rows summed in float, the total in double.
-    const Eigen::MatrixXf Gf = bd::kernel::gram(vf);
-    const Eigen::MatrixXf Uf = U.cast<float>();
+    thread_local Eigen::MatrixXf Gf, Uf, UG;  // scratch per thread, as in cholesky_qr
+    Gf.resize(r, r), UG.resize(m, r);
+    bd::kernel::gram_into(vf, Gf);
+    Uf = U.cast<float>();
+    bd::kernel::matmul_into(Uf, Gf, UG);
     p.G = Gf.cast<double>();
-    p.row_norm2 = (bd::kernel::matmul(Uf, Gf).array() * Uf.array()).rowwise().sum().max(0.0f).cast<double>();
+    p.row_norm2 = (UG.array() * Uf.array()).rowwise().sum().max(0.0f).cast<double>();
   } else {
     p.G = bd::kernel::gram(V);
     p.row_norm2 = (bd::kernel::matmul(U, p.G).array() * U.array()).rowwise().sum().max(0.0);

@@ -10,7 +10,13 @@
 // needs r³/3 flops, nearly all in the two off-diagonal products, which run on the dispatched
 // kernel (matmul.hpp). It is as accurate as the triangular solve: the same substitutions, in
 // another order (Du Croz & Higham, 1992).
+//
+// The `_into` forms write into the caller's matrix and keep their scratch per thread: they run
+// once or twice per product of a preparation, and a fresh r×r block each time would be a fresh
+// mapping, faulted in and zeroed (r = 128 in double is glibc's 128 KiB mmap threshold).
 #pragma once
+
+#include <vector>
 
 #include <Eigen/Cholesky>
 #include <Eigen/Core>
@@ -27,56 +33,104 @@ inline constexpr Index inverse_leaf = 48;
 template <typename T>
 using Dense = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
 
-template <int Mode, typename T>
-Dense<T> lower_inverse_of(const Eigen::Ref<const Dense<T>>& L) {
+/// The calling thread's scratch matrix number `slot` for type T, at least rows×cols of storage
+/// (kept between calls; its contents are not preserved across a resize).
+template <typename T, int slot>
+Eigen::Map<Dense<T>> scratch(Index rows, Index cols) {
+  thread_local std::vector<T> storage;
+  if (storage.size() < static_cast<std::size_t>(rows * cols)) storage.resize(static_cast<std::size_t>(rows * cols));
+  return Eigen::Map<Dense<T>>(storage.data(), rows, cols);
+}
+
+/// A read-only block of either storage order, viewed without a copy (one type per order, so
+/// that the recursion below instantiates once).
+template <typename T, int Order>
+using ConstBlock = Eigen::Ref<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
+
+/// out = L⁻¹ (n×n, column-major, any leading dimension), the strict upper part zero. `work`
+/// holds at least (n − n/2)·(n/2 + 8) values: each level's −C⁻¹·B·A⁻¹ passes through it after
+/// its halves are done.
+template <int Mode, typename T, int Order>
+void lower_inverse_blocks(const ConstBlock<T, Order>& L, Eigen::Ref<Dense<T>, 0, Eigen::OuterStride<>> out, T* work) {
   const Index n = L.rows();
-  if (n <= inverse_leaf) return L.template triangularView<Mode>().solve(Dense<T>::Identity(n, n));
+  if (n <= inverse_leaf) {
+    out.setIdentity();
+    L.template triangularView<Mode>().solveInPlace(out);
+    return;
+  }
   const Index h = (n / 2 + 7) / 8 * 8;  // the split on a multiple of 8: whole SIMD columns
-  Dense<T> out = Dense<T>::Zero(n, n);
-  out.topLeftCorner(h, h) = lower_inverse_of<Mode, T>(L.topLeftCorner(h, h));
-  out.bottomRightCorner(n - h, n - h) = lower_inverse_of<Mode, T>(L.bottomRightCorner(n - h, n - h));
-  const Dense<T> BAi = matmul(L.bottomLeftCorner(n - h, h), out.topLeftCorner(h, h));
+  lower_inverse_blocks<Mode, T, Order>(L.topLeftCorner(h, h), out.topLeftCorner(h, h), work);
+  lower_inverse_blocks<Mode, T, Order>(L.bottomRightCorner(n - h, n - h), out.bottomRightCorner(n - h, n - h), work);
+  out.topRightCorner(h, n - h).setZero();
+  Eigen::Map<Dense<T>> BAi(work, n - h, h);
+  matmul_into(L.bottomLeftCorner(n - h, h), out.topLeftCorner(h, h), BAi);
   auto lower_left = out.bottomLeftCorner(n - h, h);
   matmul_into(out.bottomRightCorner(n - h, n - h), BAi, lower_left);
   lower_left = -lower_left;
-  return out;
 }
 }  // namespace detail
 
-/// L⁻¹ for a lower-triangular L (Mode: Eigen::Lower or Eigen::UnitLower), float or double; the
-/// strictly upper part of L is not read.
+/// out = L⁻¹ for a lower-triangular L (Mode: Eigen::Lower or Eigen::UnitLower), float or double;
+/// the strictly upper part of L is not read. `out` is resized to L's shape.
+template <int Mode = Eigen::Lower, typename Derived>
+void lower_inverse_into(const Eigen::MatrixBase<Derived>& L, detail::Dense<typename Derived::Scalar>& out) {
+  using T = typename Derived::Scalar;
+  const Index n = L.rows();
+  out.resize(n, n);
+  auto work = detail::scratch<T, 0>(n - n / 2, n / 2 + 8);
+  constexpr int order = Derived::IsRowMajor ? Eigen::RowMajor : Eigen::ColMajor;
+  detail::lower_inverse_blocks<Mode, T, order>(L, out, work.data());
+}
+
+/// L⁻¹ as a new matrix (see lower_inverse_into).
 template <int Mode = Eigen::Lower, typename Derived>
 detail::Dense<typename Derived::Scalar> lower_inverse(const Eigen::MatrixBase<Derived>& L) {
-  using T = typename Derived::Scalar;
-  return detail::lower_inverse_of<Mode, T>(L);
+  detail::Dense<typename Derived::Scalar> out;
+  lower_inverse_into<Mode>(L, out);
+  return out;
 }
 
-namespace detail {
-/// A⁻¹ = U⁻¹·L⁻¹·P from P·A = L·U held column-major in one matrix (L unit lower, U upper);
-/// column j of L⁻¹·P is column gather[j] of L⁻¹.
-template <typename T, typename Gather>
-Dense<T> inverse_from_lu(const Dense<T>& LU, const Gather& gather) {
+/// out = A⁻¹ = U⁻¹·L⁻¹·P from P·A = L·U held in one matrix `LU` (any storage order; L unit
+/// lower, U upper); column j of L⁻¹·P is column gather[j] of L⁻¹.
+template <typename DerivedLU, typename Gather>
+void inverse_from_lu_into(const Eigen::MatrixBase<DerivedLU>& LU, const Gather& gather,
+                          detail::Dense<typename DerivedLU::Scalar>& out) {
+  using T = typename DerivedLU::Scalar;
+  thread_local detail::Dense<T> Linv, UinvT;
   const Index n = LU.rows();
-  const Dense<T> Linv = lower_inverse<Eigen::UnitLower>(LU);
-  // U⁻¹ = ((Uᵀ)⁻¹)ᵀ, Uᵀ lower-triangular; the transpose is read in place by matmul.
-  const Dense<T> UinvT = lower_inverse<Eigen::Lower>(LU.transpose());
-  Dense<T> LinvP(n, n);
+  lower_inverse_into<Eigen::UnitLower>(LU, Linv);
+  // U⁻¹ = ((Uᵀ)⁻¹)ᵀ, Uᵀ lower-triangular; both transposes are read in place.
+  lower_inverse_into<Eigen::Lower>(LU.transpose(), UinvT);
+  auto LinvP = detail::scratch<T, 1>(n, n);
   for (Index j = 0; j < n; ++j) LinvP.col(j) = Linv.col(gather[j]);
-  return matmul(UinvT.transpose(), LinvP);
+  out.resize(n, n);
+  matmul_into(UinvT.transpose(), LinvP, out);
 }
-}  // namespace detail
 
 /// A⁻¹ from A's LU with partial pivoting (Eigen's), P·A = L·U:  A⁻¹ = U⁻¹·L⁻¹·P.
 template <typename T>
 detail::Dense<T> inverse(const Eigen::PartialPivLU<detail::Dense<T>>& lu) {
-  return detail::inverse_from_lu<T>(lu.matrixLU(), lu.permutationP().indices());
+  detail::Dense<T> out;
+  inverse_from_lu_into(lu.matrixLU(), lu.permutationP().indices(), out);
+  return out;
 }
 
-/// A⁻¹ for a symmetric positive definite A from its Cholesky factor, A = L·Lᵀ: A⁻¹ = L⁻ᵀ·L⁻¹.
+/// out = A⁻¹ for a symmetric positive definite A from its Cholesky factor, A = L·Lᵀ:
+/// A⁻¹ = L⁻ᵀ·L⁻¹, exactly symmetric.
+template <typename T>
+void inverse_into(const Eigen::LLT<detail::Dense<T>>& llt, detail::Dense<T>& out) {
+  thread_local detail::Dense<T> Linv;
+  lower_inverse_into<Eigen::Lower>(llt.matrixLLT(), Linv);
+  out.resize(Linv.rows(), Linv.cols());
+  gram_into(Linv, out);
+}
+
+/// A⁻¹ for a symmetric positive definite A as a new matrix (see inverse_into).
 template <typename T>
 detail::Dense<T> inverse(const Eigen::LLT<detail::Dense<T>>& llt) {
-  const detail::Dense<T> Linv = lower_inverse<Eigen::Lower>(llt.matrixLLT());
-  return gram(Linv);  // exactly symmetric
+  detail::Dense<T> out;
+  inverse_into(llt, out);
+  return out;
 }
 
 }  // namespace bd::kernel

@@ -78,12 +78,20 @@ public:
     return X;
   }
 
-  /// A⁻¹, by blocked triangular inverses on the GEMM (inverse.hpp).
-  Matrix inverse() const {
+  /// out = A⁻¹, by blocked triangular inverses on the GEMM (inverse.hpp); nothing allocated
+  /// once `out` and the thread's scratch have this size.
+  void inverse_into(Matrix& out) const {
     const Index n = size();
-    std::vector<Index> gather(static_cast<std::size_t>(n));  // column j of L⁻¹·P: column gather[j] of L⁻¹
-    for (Index i = 0; i < n; ++i) gather[static_cast<std::size_t>(perm_[static_cast<std::size_t>(i)])] = i;
-    return detail::inverse_from_lu<T>(Matrix(matrixLU()), gather);
+    gather_.resize(static_cast<std::size_t>(n));  // column j of L⁻¹·P: column gather[j] of L⁻¹
+    for (Index i = 0; i < n; ++i) gather_[static_cast<std::size_t>(perm_[static_cast<std::size_t>(i)])] = i;
+    inverse_from_lu_into(matrixLU(), gather_, out);
+  }
+
+  /// A⁻¹ as a new matrix (see inverse_into).
+  Matrix inverse() const {
+    Matrix out;
+    inverse_into(out);
+    return out;
   }
 
   /// Reciprocal 1-norm condition number, estimated as Eigen's PartialPivLU::rcond() does:
@@ -140,6 +148,7 @@ private:
   RowMatrix buffer_;  // (n + 16) × ld, see compute()
   Index n_ = 0;  // the factored size (buffer_ holds it at the top left)
   std::vector<Index> perm_;
+  mutable std::vector<Index> gather_;  // inverse_into's column order, kept between calls
   double norm1_ = 0;
 };
 
