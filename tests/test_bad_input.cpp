@@ -62,6 +62,22 @@ TEST_CASE("Inf weights are refused, in W and in every head", "[bad-input]") {
   CHECK_THROWS_WITH(bd::decompose_shared(Us, Vs), Contains("U[1] (10x3) holds -inf at (9, 0)"));
 }
 
+TEST_CASE("non-finite weights are named first and in product order, whatever else fails", "[bad-input]") {
+  // Products are checked and factored in parallel; the error must not depend on which thread
+  // got there first: the first non-finite product in order, even when an earlier one is
+  // singular (a zero head) and a later one non-finite too.
+  auto p = random_product(10, 8, 3, 1);
+  std::vector<Eigen::MatrixXd> Us(6, p.U), Vs(6, p.V);
+  Us[0].setZero();  // singular: every basis of head 0 is
+  Vs[2](1, 1) = std::numeric_limits<double>::quiet_NaN();
+  Us[4](0, 2) = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_MATCHES(bd::decompose_shared(Us, Vs), bd::NonFiniteError,
+                       Catch::Message("V[2] (8x3) holds nan at (1, 1): expected finite weights (NaN/Inf usually means "
+                                      "a corrupt or overflowed checkpoint)"));
+  Vs[2] = p.V, Us[4] = p.U;
+  CHECK_THROWS_AS(bd::decompose_shared(Us, Vs), bd::SingularBasisError);
+}
+
 TEST_CASE("align must be positive", "[bad-input]") {
   const auto p = random_product(10, 8, 3, 1);
   CHECK_THROWS_MATCHES(bd::decompose_product(p.U, p.V, bd::Options{}.with_align(0)), bd::RangeError,

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -336,18 +337,6 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
       throw ShapeError(detail::message(u, " is ", detail::shape_of(Us[h]), " and ", v, " is ", detail::shape_of(Vs[h]),
                                        ": expected ", m, "x", r, " and ", n, "x", r, " like the first product"));
   }
-  // Finiteness in parallel (it reads every weight); the first offending product is then named
-  // in order, so the message does not depend on thread timing.
-  std::vector<char> finite(Us.size());
-  detail::parallel_for(static_cast<Index>(Us.size()), [&](Index h) {
-    const auto i = static_cast<std::size_t>(h);
-    finite[i] = detail::all_finite(Us[i]) && detail::all_finite(Vs[i]);
-  });
-  for (std::size_t h = 0; h < Us.size(); ++h) {
-    if (finite[h]) continue;
-    detail::require_finite(Us[h], single ? "U" : detail::message("U[", h, "]"));
-    detail::require_finite(Vs[h], single ? "V" : detail::message("V[", h, "]"));
-  }
   detail::require_rank(r, m, n, single ? "W = U·Vᵀ" : "every W_h = U_h·V_hᵀ");
 
   const bool row = opts.side == Side::Row;
@@ -359,23 +348,42 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
   // for double); in float where the Grams or B are formed in fp32.
   const bool double_V = !(precision.fp32_basis && precision.fp32_grams);
   const auto omega = detail::sketch_matrix(row ? m : n, opts);
+  // Each product's weights are checked for NaN/Inf just before it is factored, on the same
+  // thread: the check brings them into cache for the factorization instead of reading the whole
+  // layer from memory twice. Errors are raised after the loop, in product order, finiteness
+  // first, so the message does not depend on thread timing.
+  std::vector<char> finite(Us.size(), 1);
+  std::vector<std::exception_ptr> failed(Us.size());
   detail::parallel_for(static_cast<Index>(Us.size()), [&](Index h) {
     const auto i = static_cast<std::size_t>(h);
-    const auto& u = row ? Us[i] : Vs[i];  // the basis side (row form)
-    const auto& v = row ? Vs[i] : Us[i];
-    // A float V is read where the caller holds it (it outlives ps); other types are rounded.
-    const Eigen::MatrixXf* borrowed = nullptr;
-    Eigen::MatrixXf vf;
-    if (precision.fp32_grams) {
-      // (Both factor types float matrices, so v is one of the caller's own, not a converted copy.)
-      if constexpr (std::is_same_v<MatrixU, Eigen::MatrixXf> && std::is_same_v<MatrixV, Eigen::MatrixXf>) borrowed = &v;
-      else vf = v.template cast<float>();
+    finite[i] = detail::all_finite(Us[i]) && detail::all_finite(Vs[i]);
+    if (!finite[i]) return;
+    try {
+      const auto& u = row ? Us[i] : Vs[i];  // the basis side (row form)
+      const auto& v = row ? Vs[i] : Us[i];
+      // A float V is read where the caller holds it (it outlives ps); other types are rounded.
+      const Eigen::MatrixXf* borrowed = nullptr;
+      Eigen::MatrixXf vf;
+      if (precision.fp32_grams) {
+        // (Both factor types float matrices, so v is one of the caller's own, not a converted copy.)
+        if constexpr (std::is_same_v<MatrixU, Eigen::MatrixXf> && std::is_same_v<MatrixV, Eigen::MatrixXf>) borrowed = &v;
+        else vf = v.template cast<float>();
+      }
+      ps[i] = detail::factor_product(u.template cast<double>(),
+                                     double_V ? Eigen::MatrixXd(v.template cast<double>()) : Eigen::MatrixXd(),
+                                     std::move(vf), name(i), omega, borrowed);
+      floors[i] = detail::rounding_floor<Stored>(ps[i], opts.seed + i);
+    } catch (...) {
+      failed[i] = std::current_exception();
     }
-    ps[i] = detail::factor_product(u.template cast<double>(),
-                                   double_V ? Eigen::MatrixXd(v.template cast<double>()) : Eigen::MatrixXd(),
-                                   std::move(vf), name(i), omega, borrowed);
-    floors[i] = detail::rounding_floor<Stored>(ps[i], opts.seed + i);
   });
+  for (std::size_t h = 0; h < Us.size(); ++h) {
+    if (finite[h]) continue;
+    detail::require_finite(Us[h], single ? "U" : detail::message("U[", h, "]"));
+    detail::require_finite(Vs[h], single ? "V" : detail::message("V[", h, "]"));
+  }
+  for (const auto& failure : failed)
+    if (failure) std::rethrow_exception(failure);
   const double factor_seconds = clock.lap();
   auto fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
     return detail::fit_basis<Stored>(ps[h], std::move(S), opts.refit, precision, t);
