@@ -2,6 +2,7 @@
 // search the best aligned window, one shared window for all heads, Pivoted the rows QR with
 // column pivoting picks, Auto within its budget.
 #include <algorithm>
+#include <limits>
 
 #include <Eigen/QR>
 
@@ -160,6 +161,59 @@ TEST_CASE("auto falls back to pivoting when no window meets the budget", "[strat
   CHECK_THAT(d.report().reason, Catch::Contains("f16 rounding floor"));
   const double window = exact_nmse<Eigen::half>(p, bd::Options{}.with_basis(Basis::OffsetSearch));
   CHECK(d.report().nmse < window);
+}
+
+TEST_CASE("auto's screen: a few products bound every window's mean estimate from below", "[strategy][auto]") {
+  // Every product's term of the mean estimate is ≥ 0, so k of H products' exact models divided
+  // by H can only understate it; the screen skips ranking on the rest only above the budget.
+  const bd::Index heads = 12, m = 48, r = 8;
+  const bd::Options opts = bd::Options{}.with_align(4);
+  std::vector<bd::detail::FactoredProduct> ps;
+  const auto omega = bd::detail::sketch_matrix(m, opts);
+  for (bd::Index h = 0; h < heads; ++h) {
+    auto p = random_product(m, 40, r, 60 + h);
+    // Head 0 has no good window (rows in near-copies, 1e-3 apart: every window holds four such
+    // pairs), so its term dominates every window's mean and a bound counting it more than once
+    // would pass the true mean.
+    if (h == 0)
+      for (bd::Index i = 1; i < m; i += 2) p.U.row(i) = p.U.row(i - 1) + 1e-3 * bd_test::gaussian(1, r, 90 + unsigned(i));
+    ps.push_back(bd::detail::factor_product(p.U, p.V, Eigen::MatrixXf(), bd::detail::message("head ", h), omega));
+  }
+  double best_mean = std::numeric_limits<double>::infinity();
+  for (const bd::Index o : bd::detail::candidate_offsets(Basis::OffsetSearch, m, r, opts.align)) {
+    double mean = 0;
+    for (const auto& p : ps) mean += bd::detail::score_window(p, bd::detail::contiguous(o, r), true).model / p.norm2;
+    best_mean = std::min(best_mean, mean / double(heads));
+  }
+  bd::Index used = 0;
+  // A limit of 0 decides after the first product: the weakest bound.
+  const double first = bd::detail::screened_window_bound(ps, opts, 0.0, used);
+  CHECK(used == 1);
+  CHECK(first > 0);
+  CHECK(first <= best_mean);
+  // Just under the best window's mean: more products are taken, the bound never passes it.
+  const double tight = bd::detail::screened_window_bound(ps, opts, 0.999 * best_mean, used);
+  CHECK((tight < 0 || tight <= best_mean));
+  CHECK(used <= heads / 4);
+  CHECK(bd::detail::screened_window_bound(ps, opts, best_mean, used) < 0);  // never proves the best over its own mean
+}
+
+TEST_CASE("auto over many products: when the screen rules windows out, the result is the pivoted one", "[strategy][auto]") {
+  std::vector<Eigen::MatrixXd> Us, Vs;
+  for (unsigned h = 0; h < 8; ++h) {
+    const auto p = random_product(64, 48, 8, 70 + h);
+    Us.push_back(p.U), Vs.push_back(p.V);
+  }
+  // A budget of 1e-3x the floor: no window comes near it, and one product's models show it.
+  const auto a = bd::decompose_shared<Eigen::half>(Us, Vs, bd::Options{}.with_basis(Basis::Auto).with_error_budget(1e-3));
+  const auto p = bd::decompose_shared<Eigen::half>(Us, Vs, bd::Options{}.with_basis(Basis::Pivoted));
+  CHECK(a.chosen() == Basis::Pivoted);
+  CHECK_THAT(a.reason(), Catch::Contains("a bound from 1 of 8 products") && Catch::Contains("fell back"));
+  for (std::size_t h = 0; h < Us.size(); ++h) {
+    CHECK(a.head(h).indices() == p.head(h).indices());
+    CHECK(a.head(h).basis() == p.head(h).basis());
+    CHECK(a.head(h).coeff() == p.head(h).coeff());
+  }
 }
 
 TEST_CASE("the rounding floor is the NMSE of storing the dense product in the type", "[strategy][auto]") {

@@ -9,9 +9,11 @@
 // The column form is the row form of Wᵀ = V·Uᵀ, so one code path serves both.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -175,6 +177,43 @@ inline std::string describe(const Choice& c, Index m, Index r) {
 /// the margin the window is fitted and its exact error decides.
 inline constexpr double auto_hopeless = 10.0;
 
+/// Auto's screen before ranking windows on every product: a lower bound on each window's mean
+/// estimate from the exact rounding models of a few products (in units of u²/3, like
+/// WindowScore::model; `limit` too). Every product's term of the mean
+/// is ≥ 0, so for any window w and any set K of the H products
+///     mean_h est(w, h) ≥ Σ_{h ∈ K} est(w, h) / H,
+/// and when that bound exceeds `limit` for every window, so does the estimate of whichever
+/// window the full ranking would choose (its exact mean): the full ranking cannot change Auto's
+/// decision and is skipped. Products are added one at a time (spread over the set, at most a
+/// quarter of it) until the bound decides; a window singular for one of them is out for all, as
+/// in choose_window. Returns the smallest bound over the windows (+inf when none is usable) if it
+/// exceeds `limit`, else a negative value, and then the full ranking runs as before.
+inline double screened_window_bound(const std::vector<FactoredProduct>& ps, const Options& opts, double limit,
+                                    Index& used) {
+  const Index heads = static_cast<Index>(ps.size());
+  used = 0;
+  if (heads < 8) return -1;  // the full ranking is cheap enough
+  const Index m = ps.front().m(), r = ps.front().r();
+  const std::vector<Index> offsets = candidate_offsets(Basis::OffsetSearch, m, r, opts.align, opts.offset);
+  const Index windows = static_cast<Index>(offsets.size());
+  std::vector<double> bound(static_cast<std::size_t>(windows), 0.0);
+  for (Index k = 0; k < heads / 4; ++k) {
+    const Index h = k * heads / (heads / 4);
+    const FactoredProduct& p = ps[static_cast<std::size_t>(h)];
+    parallel_for(windows, [&](Index w) {
+      double& b = bound[static_cast<std::size_t>(w)];
+      if (!(b < std::numeric_limits<double>::infinity())) return;
+      const WindowScore score = score_window(p, contiguous(offsets[static_cast<std::size_t>(w)], r), true);
+      b = score.singular() ? std::numeric_limits<double>::infinity()
+                           : b + relative(score.model, p.norm2) / static_cast<double>(heads);
+    });
+    used = k + 1;
+    const double lowest = *std::min_element(bound.begin(), bound.end());
+    if (lowest > limit) return lowest;
+  }
+  return -1;
+}
+
 /// Auto's window outcome when the estimate alone rules it out.
 struct WindowOverBudget {
   std::string note;
@@ -211,21 +250,35 @@ Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::
   // Auto: a shared window is cheapest (one slice of X for every head); accept the best one when
   // its error is within the budget relative to rounding the dense product to Scalar. Only the
   // winner is fitted: a window whose ranking estimate is beyond auto_hopeless times the budget
-  // goes straight to pivoting (both are scored from the same factored products).
+  // goes straight to pivoting (both are scored from the same factored products), and when a few
+  // products already bound every window's estimate above that, the windows are not ranked on
+  // the others at all (screened_window_bound).
   double floor = 0;
   for (double f : floors) floor += f / static_cast<double>(floors.size());
   const char* type = scalar_traits<Scalar>::name;
   const std::string budget = message("budget ", sci(opts.error_budget), "x the ", type, " rounding floor ", sci(floor));
   std::string window_note;
   try {
+    const double u2 = unit_roundoff<Scalar>() * unit_roundoff<Scalar>();
+    const double limit = auto_hopeless * opts.error_budget * floor;
+    Index screened = 0;
+    const double bound = screened_window_bound(ps, opts, limit / (u2 / 3), screened) * (u2 / 3);
+    out.times.score += clock.lap();
+    if (bound >= 0 && !(bound < std::numeric_limits<double>::infinity()))
+      throw WindowOverBudget{message("no shared window is usable (each is singular for one of the first ", screened,
+                                     " screened products)")};
+    if (bound >= 0)
+      throw WindowOverBudget{message("every window is estimated at NMSE ≥ ", sci(bound), " = ", sci(bound / floor),
+                                     "x the floor (a bound from ", screened, " of ",
+                                     ps.size(), " products' exact rounding models; not fitted: over ",
+                                     sci(auto_hopeless), "x the budget)")};
     Outcome<Scalar> w;
     w.choice = choose_window(ps, Basis::OffsetSearch, opts);
     out.times.score += clock.lap();
-    const double u2 = unit_roundoff<Scalar>() * unit_roundoff<Scalar>();
     double estimate = 0;
     for (std::size_t h = 0; h < ps.size(); ++h)
       estimate += relative(w.choice.model[h] * u2 / 3, ps[h].norm2) / static_cast<double>(ps.size());
-    if (estimate > auto_hopeless * opts.error_budget * floor)
+    if (estimate > limit)
       throw WindowOverBudget{message(describe(w.choice, m, r), " is estimated at NMSE ", sci(estimate), " = ",
                                      sci(estimate / floor), "x the floor (not fitted: over ", sci(auto_hopeless),
                                      "x the budget)")};
