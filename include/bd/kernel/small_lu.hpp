@@ -5,8 +5,10 @@
 // products for DeepSeek-V2-Lite). Eigen's PartialPivLU runs at the SIMD width the program was
 // compiled for (SSE2 without -march). Here the block is held row-major, so that the pivot row
 // swap and every update of the trailing rows (row_i −= l_i·row_k) run along AVX-512 or AVX2
-// vectors (micro_kernel_simd.inc, lu_rows). Same algorithm and pivots as Eigen's unblocked LU;
-// rcond() is the same Hager–Higham estimate of the 1-norm condition number.
+// vectors (micro_kernel_simd.inc, lu_rows: panels one vector wide, each trailing row updated
+// once per panel). The same pivots as Eigen's PartialPivLU (the largest magnitude in the
+// column, the first of equals); rcond() is the same Hager–Higham estimate of the 1-norm
+// condition number.
 #pragma once
 
 #include <cmath>
