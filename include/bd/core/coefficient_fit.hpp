@@ -34,13 +34,14 @@
 
 namespace bd::detail {
 
-/// A fitted basis in row form, stored: B and C rounded once to Scalar.
+/// A fitted basis, stored: B and C rounded once to Scalar, oriented as the Decomposition holds
+/// them (the maths below is in row form; the column form's B and C are its transposes).
 template <typename Scalar>
 struct BasisFit {
   using Matrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>;
   std::vector<Index> S;
-  Matrix B;  ///< r×n
-  Matrix C;  ///< (m−r)×r
+  Matrix B;  ///< row form r×n; column form n×r
+  Matrix C;  ///< row form (m−r)×r; column form r×(m−r)
   double residual2 = 0;
   double rcond = 0;
   bool refitted = false;
@@ -77,7 +78,7 @@ ProductPrecision product_precision(bool allowed) {
   return {allowed && !std::is_same_v<Scalar, double>, allowed && narrow};
 }
 
-/// Per-thread scratch of fit_basis: B and ΔB (r×n) in float and in double, U_S, every
+/// Per-thread scratch of fit_basis: B and ΔB (r×n, or n×r) in float and in double, U_S, every
 /// (m−r)×r block (U_R, Q_R, C, Ĉ, D̂, [D̂ Ĉ] in float) and every r×r one. A layer's products are
 /// all one shape, so after a thread's first product nothing of this size is allocated again:
 /// each of these blocks is at or over glibc's mmap threshold (128 KiB: an r×r double at r = 128),
@@ -85,7 +86,7 @@ ProductPrecision product_precision(bool allowed) {
 /// preparation, measured with the allocator told to keep them instead).
 struct FitBuffers {
   Eigen::MatrixXf Bf, dBf, X, USf, dBVf, dBdBtf, XtX;
-  Eigen::MatrixXd Bd, dB, US, UR, QR, C, Ch, Dh;
+  Eigen::MatrixXd Bd, dB, US, UR, QR, C, Ct, Ch, Dh;
   Eigen::MatrixXd QSinv_t, dBV, dBdBt, GUSt, Y, BBt, inv, M, T;  // r×r
 };
 
@@ -126,10 +127,12 @@ inline double squared_norm_in_double(const Eigen::MatrixXf& a) {
 /// corrects that double rounding), far below the 6e-8 of float storage.
 inline constexpr double well_conditioned_rcond = 1e-6;
 
-/// `times` receives the thread-seconds of the fit, round and error steps.
+/// `times` receives the thread-seconds of the fit, round and error steps. `side` is the
+/// Decomposition's: the column form's B is formed transposed, Bᵀ = V·U_Sᵀ (n×r), so the stored
+/// result is written once in its own orientation and ΔB·ΔBᵀ is the Gram of ΔBᵀ's columns.
 template <typename Scalar>
 BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool refit, ProductPrecision precision,
-                           PhaseTimes& times) {
+                           Side side, PhaseTimes& times) {
   using Eigen::MatrixXd;
   using Eigen::MatrixXf;
   using bd::kernel::gram_into;
@@ -159,7 +162,18 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   lu.inverse_into(buf.QSinv_t);
   const auto QSinv = buf.QSinv_t.transpose();
 
-  // B = U_S·Vᵀ, its stored value B̂ and ΔB = B̂ − B (float when the Grams are).
+  // B = U_S·Vᵀ (or Bᵀ), its stored value B̂ and ΔB = B̂ − B (float when the Grams are).
+  const bool col = side == Side::Col;
+  const Index n = p.n();
+  auto form_B = [&](const auto& USo, const auto& Vo, auto& out) {
+    if (col) out.resize(n, r), matmul_into(Vo, USo.transpose(), out);
+    else out.resize(r, n), matmul_into(USo, Vo.transpose(), out);
+  };
+  // ΔB·V and ΔB·ΔBᵀ from ΔB as held (ΔBᵀ in column form, read in place).
+  auto delta_products = [&](const auto& dBo, const auto& Vo, auto& dBVo, auto& dBdBto) {
+    if (col) matmul_into(dBo.transpose(), Vo, dBVo), gram_into(dBo, dBdBto);
+    else matmul_into(dBo, Vo, dBVo), gram_into(dBo.transpose(), dBdBto);
+  };
   const bool exact_basis = std::is_same_v<Scalar, double>;
   MatrixXf& dBf = buf.dBf;
   MatrixXd& dB = buf.dB;
@@ -167,20 +181,18 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   if constexpr (bd::kernel::detail::is_narrow_v<Scalar>) {
     if (precision.fp32_basis) {
       buf.USf = US.cast<float>();
-      buf.Bf.resize(r, p.n());
-      matmul_into(buf.USf, p.Vf().transpose(), buf.Bf);
+      form_B(buf.USf, p.Vf(), buf.Bf);
       times.fit += clock.lap();
       fit.B = round_matrix<Scalar>(buf.Bf);
       // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
-      dBf.resize(r, p.n());
+      dBf.resize(buf.Bf.rows(), buf.Bf.cols());
       kernel::widen_into(fit.B.data(), fit.B.size(), dBf.data());
       dBf -= buf.Bf;
       formed_in_float = true;
     }
   }
   if (!formed_in_float) {
-    buf.Bd.resize(r, p.n());
-    matmul_into(US, p.V.transpose(), buf.Bd);
+    form_B(US, p.V, buf.Bd);
     const MatrixXd& B = buf.Bd;
     times.fit += clock.lap();
     fit.B = round_matrix<Scalar>(B);
@@ -199,7 +211,8 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   MatrixXd& C = buf.C;
   C.resize(static_cast<Index>(R.size()), r);
   MatrixXd &dBV = buf.dBV, &dBdBt = buf.dBdBt;
-  dBV.setZero(r, r), dBdBt.setZero(r, r);
+  dBV.resize(r, r), dBdBt.resize(r, r);
+  if (exact_basis) dBV.setZero(), dBdBt.setZero();  // B̂ = B: ΔB = 0
   double dB2 = 0;  // ‖ΔB‖²
   if (exact_basis) {
     // B̂ = B: C is already the least-squares fit; nothing to refit against.
@@ -207,13 +220,11 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   } else {
     if (precision.fp32_grams) {
       buf.dBVf.resize(r, r), buf.dBdBtf.resize(r, r);
-      matmul_into(dBf, p.Vf(), buf.dBVf);
-      gram_into(dBf.transpose(), buf.dBdBtf);
+      delta_products(dBf, p.Vf(), buf.dBVf, buf.dBdBtf);
       dBV = buf.dBVf.cast<double>(), dBdBt = buf.dBdBtf.cast<double>();
       dB2 = squared_norm_in_double(dBf);
     } else {
-      matmul_into(dB, p.V, dBV);
-      gram_into(dB.transpose(), dBdBt);
+      delta_products(dB, p.V, dBV, dBdBt);
       dB2 = dB.squaredNorm();
     }
     if (!refit) {
@@ -254,49 +265,58 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   }
 
   times.fit += clock.lap();
-  fit.C = round_matrix<Scalar>(C);
+  if (col) {
+    buf.Ct = C.transpose();
+    fit.C = round_matrix<Scalar>(buf.Ct);
+  } else {
+    fit.C = round_matrix<Scalar>(C);
+  }
   require_representable<Scalar>(fit.C, "coefficient matrix", p.name);
   times.round += clock.lap();
-  // D̂ = U_R − Ĉ·U_S in double (it cancels to the size of the error); its Grams in float when
-  // allowed: they are already at the scale of the error, so float keeps 6 digits of it.
-  MatrixXd &Ch = buf.Ch, &Dh = buf.Dh;
-  Ch.resize(fit.C.rows(), r);
+  // The exact error from Ĉ in row form ((m−r)×r; the column form's stored Ĉᵀ read transposed).
+  MatrixXd& Ch = buf.Ch;
+  Ch.resize(fit.C.rows(), fit.C.cols());
   kernel::widen_into(fit.C.data(), fit.C.size(), Ch.data());
-  Dh.resize(Ch.rows(), r);
-  matmul_into(Ch, US, Dh);
-  Dh = UR - Dh;  // elementwise: reading and writing the same entry
-  double e2;
-  if (exact_basis) {
-    MatrixXd& DtD = buf.T;
-    DtD.resize(r, r);
-    gram_into(Dh, DtD);
-    e2 = DtD.cwiseProduct(p.G).sum();
-  } else if (precision.fp32_grams) {
-    MatrixXf &X = buf.X, &XtX = buf.XtX;
-    X.resize(Dh.rows(), 2 * r);
-    X << Dh.cast<float>(), Ch.cast<float>();
-    XtX.resize(2 * r, 2 * r);
-    gram_into(X, XtX);  // [D̂ Ĉ]ᵀ[D̂ Ĉ]: D̂ᵀD̂, ĈᵀD̂ and ĈᵀĈ as its blocks
-    e2 = XtX.topLeftCorner(r, r).cast<double>().cwiseProduct(p.G).sum() -
-         2 * XtX.bottomLeftCorner(r, r).cast<double>().cwiseProduct(dBV).sum() +
-         XtX.bottomRightCorner(r, r).cast<double>().cwiseProduct(dBdBt).sum() + dB2;
-  } else {
+  auto exact_error = [&](const auto& Chr) {
+    // D̂ = U_R − Ĉ·U_S in double (it cancels to the size of the error); its Grams in float when
+    // allowed: they are already at the scale of the error, so float keeps 6 digits of it.
+    MatrixXd& Dh = buf.Dh;
+    Dh.resize(Chr.rows(), r);
+    matmul_into(Chr, US, Dh);
+    Dh = UR - Dh;  // elementwise: reading and writing the same entry
+    if (exact_basis) {
+      MatrixXd& DtD = buf.T;
+      DtD.resize(r, r);
+      gram_into(Dh, DtD);
+      return DtD.cwiseProduct(p.G).sum();
+    }
+    if (precision.fp32_grams) {
+      MatrixXf &X = buf.X, &XtX = buf.XtX;
+      X.resize(Dh.rows(), 2 * r);
+      X << Dh.cast<float>(), Chr.template cast<float>();
+      XtX.resize(2 * r, 2 * r);
+      gram_into(X, XtX);  // [D̂ Ĉ]ᵀ[D̂ Ĉ]: D̂ᵀD̂, ĈᵀD̂ and ĈᵀĈ as its blocks
+      return XtX.topLeftCorner(r, r).cast<double>().cwiseProduct(p.G).sum() -
+             2 * XtX.bottomLeftCorner(r, r).cast<double>().cwiseProduct(dBV).sum() +
+             XtX.bottomRightCorner(r, r).cast<double>().cwiseProduct(dBdBt).sum() + dB2;
+    }
     MatrixXd &DtD = buf.T, &CtD = buf.M, &CtC = buf.inv;
     DtD.resize(r, r), CtD.resize(r, r), CtC.resize(r, r);
-    gram_into(Dh, DtD), matmul_into(Ch.transpose(), Dh, CtD), gram_into(Ch, CtC);
-    e2 = DtD.cwiseProduct(p.G).sum() - 2 * CtD.cwiseProduct(dBV).sum() + CtC.cwiseProduct(dBdBt).sum() + dB2;
-  }
+    gram_into(Dh, DtD), matmul_into(Chr.transpose(), Dh, CtD), gram_into(Chr, CtC);
+    return DtD.cwiseProduct(p.G).sum() - 2 * CtD.cwiseProduct(dBV).sum() + CtC.cwiseProduct(dBdBt).sum() + dB2;
+  };
+  const double e2 = col ? exact_error(Ch.transpose()) : exact_error(Ch);
   fit.residual2 = std::max(0.0, e2);
   fit.S = std::move(S);
   times.error += clock.lap();
   return fit;
 }
 
-/// The same for a dense W (row form): B = W_S exactly, C by least squares against round(B)
-/// (or B when refit is off), residual computed on W itself.
+/// The same for a dense W (W in row form; B and C stored as `side` holds them): B = W_S exactly,
+/// C by least squares against round(B) (or B when refit is off), residual computed on W itself.
 template <typename Scalar>
 BasisFit<Scalar> fit_basis_dense(const Eigen::MatrixXd& W, const FactoredProduct& p, std::vector<Index> S, bool refit,
-                                 PhaseTimes& times) {
+                                 Side side, PhaseTimes& times) {
   using Eigen::MatrixXd;
   Stopwatch clock;
   BasisFit<Scalar> fit;
@@ -320,6 +340,7 @@ BasisFit<Scalar> fit_basis_dense(const Eigen::MatrixXd& W, const FactoredProduct
   require_representable<Scalar>(fit.C, "coefficient matrix", p.name);
   times.round += clock.lap();
   fit.residual2 = (WR - values_as<double>(fit.C) * Bh).squaredNorm() + (B - Bh).squaredNorm();
+  if (side == Side::Col) fit.B.transposeInPlace(), fit.C.transposeInPlace();
   fit.S = std::move(S);
   times.error += clock.lap();
   return fit;

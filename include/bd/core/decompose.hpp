@@ -324,7 +324,7 @@ Decomposition<Scalar> assemble(const FactoredProduct& p, BasisFit<Scalar> fit, S
   report.nmse = p.norm2 > 0 ? fit.residual2 / p.norm2 : (fit.residual2 > 0 ? INFINITY : 0.0);
   report.rcond = fit.rcond;
   report.refitted = fit.refitted;
-  // In column form B and C are the transposes of the row form's (assemble_all turned them).
+  // The fitters stored B and C in the side's orientation (column form: the row form's transposes).
   return Decomposition<Scalar>(side, rows, cols, std::move(fit.S), std::move(fit.B), std::move(fit.C),
                                std::move(report));
 }
@@ -334,15 +334,6 @@ std::vector<Decomposition<Scalar>> assemble_all(const std::vector<FactoredProduc
                                                 const std::vector<double>& floors, const Options& opts, Index rows,
                                                 Index cols, double truncation_nmse = 0) {
   const double u2 = unit_roundoff<Scalar>() * unit_roundoff<Scalar>();
-  if (opts.side == Side::Col) {
-    // The column form's B and C are the row form's transposed: per head, in parallel (an r×n
-    // and an (m−r)×r copy each).
-    parallel_for(static_cast<Index>(ps.size()), [&](Index h) {
-      auto& fit = out.fits[static_cast<std::size_t>(h)];
-      fit.B.transposeInPlace();
-      fit.C.transposeInPlace();
-    });
-  }
   std::vector<Decomposition<Scalar>> heads;
   heads.reserve(ps.size());
   for (std::size_t h = 0; h < ps.size(); ++h) {
@@ -439,7 +430,7 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
     if (failure) std::rethrow_exception(failure);
   const double factor_seconds = clock.lap();
   auto fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
-    return detail::fit_basis<Stored>(ps[h], std::move(S), opts.refit, precision, t);
+    return detail::fit_basis<Stored>(ps[h], std::move(S), opts.refit, precision, opts.side, t);
   };
   detail::Outcome<Stored> out = detail::run_strategy<Stored>(ps, floors, opts, fitter);
   out.times.factor += factor_seconds;
@@ -506,7 +497,7 @@ Decomposition<detail::stored_t<Scalar, typename Derived::Scalar>> decompose(cons
   const std::vector<double> floors{detail::rounding_floor<Stored>(Wr)};
   const double factor_seconds = clock.lap();
   auto fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
-    return detail::fit_basis_dense<Stored>(Wr, ps[h], std::move(S), opts.refit, t);
+    return detail::fit_basis_dense<Stored>(Wr, ps[h], std::move(S), opts.refit, opts.side, t);
   };
   detail::Outcome<Stored> out = detail::run_strategy<Stored>(ps, floors, opts, fitter);
   out.times.factor += factor_seconds;
