@@ -78,14 +78,14 @@ ProductPrecision product_precision(bool allowed) {
   return {allowed && !std::is_same_v<Scalar, double>, allowed && narrow};
 }
 
-/// Per-thread scratch of fit_basis: B and ΔB (r×n, or n×r) in float and in double, U_S, every
+/// Per-thread scratch of fit_basis: B and ΔB (r×n or n×r in double; a block of it in float), U_S, every
 /// (m−r)×r block (U_R, Q_R, C, Ĉ, D̂, [D̂ Ĉ] in float) and every r×r one. A layer's products are
 /// all one shape, so after a thread's first product nothing of this size is allocated again:
 /// each of these blocks is at or over glibc's mmap threshold (128 KiB: an r×r double at r = 128),
 /// and fresh ones would be faulted in, zeroed, for every product (13–17 % of DeepSeek-V2-Lite's
 /// preparation, measured with the allocator told to keep them instead).
 struct FitBuffers {
-  Eigen::MatrixXf Bf, dBf, X, USf, dBVf, dBdBtf, XtX;
+  Eigen::MatrixXf Bf, dBf, X, USf, dBVf, dBdBtf, dBVf_part, dBdBtf_part, XtX;
   Eigen::MatrixXd Bd, dB, US, UR, QR, C, Ct, Ch, Dh;
   Eigen::MatrixXd QSinv_t, dBV, dBdBt, GUSt, Y, BBt, inv, M, T;  // r×r
 };
@@ -121,6 +121,10 @@ inline double squared_norm_in_double(const Eigen::MatrixXf& a) {
   for (; i < n; ++i) acc[0] += double(p[i]) * double(p[i]);
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
+
+/// Entries of B along n formed, rounded and differenced per block when B is formed in float:
+/// a block of B, of ΔB and of V's rows (r = 128: 3 × 128 KiB) stays in a core's L2 (1 MiB on Zen 4).
+inline constexpr Index basis_block = 256;
 
 /// Above this reciprocal condition of Q_S, C = Q_R·Q_S⁻¹ computed in double is accurate to
 /// ε₆₄/rcond ≤ 1e-10 relative: the refit may then leave out D = U_R − C·U_S (which only
@@ -177,17 +181,38 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   const bool exact_basis = std::is_same_v<Scalar, double>;
   MatrixXf& dBf = buf.dBf;
   MatrixXd& dB = buf.dB;
+  double dB2 = 0;  // ‖ΔB‖²
   bool formed_in_float = false;
   if constexpr (bd::kernel::detail::is_narrow_v<Scalar>) {
     if (precision.fp32_basis) {
+      // In blocks of basis_block entries along n (columns of B, rows of Bᵀ): a block's B, B̂ and
+      // ΔB and V's rows stay in L2 from forming B to ΔB·V and ΔB·ΔBᵀ, which sum block by block
+      // (the Grams are float here: fp32_basis implies fp32_grams). Nothing r×n is held.
       buf.USf = US.cast<float>();
-      form_B(buf.USf, p.Vf(), buf.Bf);
-      times.fit += clock.lap();
-      fit.B = round_matrix<Scalar>(buf.Bf);
-      // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
-      dBf.resize(buf.Bf.rows(), buf.Bf.cols());
-      kernel::widen_into(fit.B.data(), fit.B.size(), dBf.data());
-      dBf -= buf.Bf;
+      fit.B.resize(col ? n : r, col ? r : n);
+      buf.dBVf.setZero(r, r), buf.dBdBtf.setZero(r, r);
+      buf.dBVf_part.resize(r, r), buf.dBdBtf_part.resize(r, r);
+      for (Index j0 = 0; j0 < n; j0 += basis_block) {
+        const Index w = std::min(basis_block, n - j0);
+        const auto Vb = p.Vf().middleRows(j0, w);
+        MatrixXf& Bb = buf.Bf;
+        if (col) Bb.resize(w, r), matmul_into(Vb, buf.USf.transpose(), Bb);
+        else Bb.resize(r, w), matmul_into(buf.USf, Vb.transpose(), Bb);
+        times.fit += clock.lap();
+        // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
+        dBf.resize(Bb.rows(), Bb.cols());
+        const Index runs = col ? r : 1, run = col ? w : r * w;  // contiguous runs of the stored block
+        for (Index c = 0; c < runs; ++c) {
+          Scalar* stored = col ? &fit.B(j0, c) : &fit.B(0, j0);
+          kernel::round_into(Bb.data() + c * run, run, stored);
+          kernel::widen_into(stored, run, dBf.data() + c * run);
+        }
+        dBf -= Bb;
+        dB2 += squared_norm_in_double(dBf);
+        times.round += clock.lap();
+        delta_products(dBf, Vb, buf.dBVf_part, buf.dBdBtf_part);
+        buf.dBVf += buf.dBVf_part, buf.dBdBtf += buf.dBdBtf_part;
+      }
       formed_in_float = true;
     }
   }
@@ -213,12 +238,13 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   MatrixXd &dBV = buf.dBV, &dBdBt = buf.dBdBt;
   dBV.resize(r, r), dBdBt.resize(r, r);
   if (exact_basis) dBV.setZero(), dBdBt.setZero();  // B̂ = B: ΔB = 0
-  double dB2 = 0;  // ‖ΔB‖²
   if (exact_basis) {
     // B̂ = B: C is already the least-squares fit; nothing to refit against.
     matmul_into(QR, QSinv, C);
   } else {
-    if (precision.fp32_grams) {
+    if (formed_in_float) {
+      dBV = buf.dBVf.cast<double>(), dBdBt = buf.dBdBtf.cast<double>();
+    } else if (precision.fp32_grams) {
       buf.dBVf.resize(r, r), buf.dBdBtf.resize(r, r);
       delta_products(dBf, p.Vf(), buf.dBVf, buf.dBdBtf);
       dBV = buf.dBVf.cast<double>(), dBdBt = buf.dBdBtf.cast<double>();
