@@ -106,3 +106,22 @@ TEST_CASE("gram: aᵀa from its lower triangle equals the full product there, mi
     }
   });
 }
+
+TEST_CASE("matmul_upper: a·u for an upper-triangular u equals the dense product", "[kernel][matmul]") {
+  // Each column block reads only u's rows above its last column; the rows left out hold zeros.
+  bd_test::for_each_isa([] {
+    for (auto [L, N] : {std::pair<int, int>{512, 128}, {300, 130}, {97, 45}, {40, 5}, {9, 1}}) {
+      INFO("L = " << L << ", N = " << N);
+      const Eigen::MatrixXd a = bd_test::gaussian(L, N, 31u + unsigned(N));
+      const Eigen::MatrixXd u = bd_test::gaussian(N, N, 37u + unsigned(L)).triangularView<Eigen::Upper>();
+      Eigen::MatrixXd got = Eigen::MatrixXd::Constant(L, N, 7.0);
+      bd::kernel::matmul_upper_into(a, u, got);
+      expect_close<double>(got, Eigen::MatrixXd(a * u), N);
+      // Read in place from the transpose of a lower-triangular matrix, as Cholesky QR does.
+      const Eigen::MatrixXd l = u.transpose();
+      got.setConstant(7.0);
+      bd::kernel::matmul_upper_into(a, l.transpose(), got);
+      expect_close<double>(got, Eigen::MatrixXd(a * u), N);
+    }
+  });
+}

@@ -82,10 +82,20 @@ inline bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q) {
     if (pass == 0 && !(rcond > 1e-12)) return false;
     bd::kernel::lower_inverse_into(llt.matrixLLT(), Linv);  // R⁻¹ = L⁻ᵀ (R = Lᵀ), read transposed
     Q.resize(in.rows(), r);
-    bd::kernel::matmul_into(in, Linv.transpose(), Q);
+    bd::kernel::matmul_upper_into(in, Linv.transpose(), Q);
     if (pass == 0 && rcond > 1e-4) break;
   }
   return true;
+}
+
+/// (A ∘ B)·1, the dot products of A's and B's rows, column by column: along the vectors of a
+/// column-major matrix (Eigen's rowwise().sum() of the product walks each row across columns).
+template <typename T>
+Eigen::Matrix<T, Eigen::Dynamic, 1> row_dots(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& A,
+                                             const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& B) {
+  Eigen::Matrix<T, Eigen::Dynamic, 1> sum = Eigen::Matrix<T, Eigen::Dynamic, 1>::Zero(A.rows());
+  for (Index k = 0; k < A.cols(); ++k) sum += A.col(k).cwiseProduct(B.col(k));
+  return sum;
 }
 
 /// Precomputes a product's invariants. Throws SingularBasisError when U is rank-deficient:
@@ -121,10 +131,10 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eige
     Uf = U.cast<float>();
     bd::kernel::matmul_into(Uf, Gf, UG);
     p.G = Gf.cast<double>();
-    p.row_norm2 = (UG.array() * Uf.array()).rowwise().sum().max(0.0f).cast<double>();
+    p.row_norm2 = row_dots(UG, Uf).cwiseMax(0.0f).cast<double>();
   } else {
     p.G = bd::kernel::gram(V);
-    p.row_norm2 = (bd::kernel::matmul(U, p.G).array() * U.array()).rowwise().sum().max(0.0);
+    p.row_norm2 = row_dots(bd::kernel::matmul(U, p.G), U).cwiseMax(0.0);
   }
   p.norm2 = p.row_norm2.sum();
 

@@ -86,6 +86,23 @@ void matmul_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<D
   detail::product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false);
 }
 
+/// out = a·u for an upper-triangular u (N×N; entries below the diagonal must be zero: those in
+/// the diagonal blocks are read). Column block j of the result only needs the leading rows of
+/// u that reach its last column, so four blocks cost 5/8 of the dense product; the skipped terms
+/// are exact zeros, so the result is the dense product's.
+template <typename DerivedA, typename DerivedU, typename DerivedOut>
+void matmul_upper_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedU>& u,
+                       Eigen::MatrixBase<DerivedOut>& out) {
+  const Index n = u.cols();
+  eigen_assert(u.rows() == n && a.cols() == n && out.rows() == a.rows() && out.cols() == n);
+  const Index width = (n + 3) / 4;
+  for (Index c0 = 0; c0 < n; c0 += width) {
+    const Index w = std::min(width, n - c0), reach = c0 + w;
+    auto block = out.middleCols(c0, w);
+    matmul_into(a.leftCols(reach), u.block(0, c0, reach, w), block);
+  }
+}
+
 /// out = aᵀ·a (a: K×N, out: N×N), exactly symmetric: the dispatched kernel computes only the
 /// micro-tiles that meet the lower triangle (28 of 44 at N = 128 with AVX-512's 32×12 float
 /// tiles; packing is unchanged, so a 2048×128 float Gram takes about 77 % of the full product's
