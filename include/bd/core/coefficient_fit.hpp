@@ -78,8 +78,9 @@ ProductPrecision product_precision(bool allowed) {
   return {allowed && !std::is_same_v<Scalar, double>, allowed && narrow};
 }
 
-/// Per-thread scratch of fit_basis: B and ΔB (r×n or n×r in double; a block of it in float), U_S, every
-/// (m−r)×r block (U_R, Q_R, C, Ĉ, D̂, [D̂ Ĉ] in float) and every r×r one. A layer's products are
+/// Per-thread scratch of fit_basis: B and ΔB (r×n or n×r; one block of basis_block entries
+/// when B is formed in float), U_S, every (m−r)×r block (U_R, Q_R, C, Ĉ, D̂, [D̂ Ĉ] in float)
+/// and every r×r one. A layer's products are
 /// all one shape, so after a thread's first product nothing of this size is allocated again:
 /// each of these blocks is at or over glibc's mmap threshold (128 KiB: an r×r double at r = 128),
 /// and fresh ones would be faulted in, zeroed, for every product (13–17 % of DeepSeek-V2-Lite's
@@ -237,9 +238,9 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   C.resize(static_cast<Index>(R.size()), r);
   MatrixXd &dBV = buf.dBV, &dBdBt = buf.dBdBt;
   dBV.resize(r, r), dBdBt.resize(r, r);
-  if (exact_basis) dBV.setZero(), dBdBt.setZero();  // B̂ = B: ΔB = 0
   if (exact_basis) {
-    // B̂ = B: C is already the least-squares fit; nothing to refit against.
+    // B̂ = B: ΔB = 0, and C is already the least-squares fit; nothing to refit against.
+    dBV.setZero(), dBdBt.setZero();
     matmul_into(QR, QSinv, C);
   } else {
     if (formed_in_float) {

@@ -15,7 +15,8 @@ struct PhaseTimes {
   double factor = 0;  ///< per product: Q = orth(U), VᵀV, row norms, sketch, rounding floor
   double score = 0;   ///< ranking candidate bases (window LUs, pivoting)
   double fit = 0;     ///< forming B = U_S·Vᵀ and fitting C, including the refit against round(B)
-  double round = 0;   ///< rounding B and C to the storage type, checking they are finite
+  double round = 0;   ///< rounding B and C to the storage type, checking they are finite (and
+                      ///< ΔB = B̂ − B, when B is formed in float block by block)
   double error = 0;   ///< the exact error of the stored B and C
 
   double total() const { return factor + score + fit + round + error; }
