@@ -26,7 +26,7 @@ double scaled_residual(const Eigen::MatrixXd& A, const Eigen::MatrixXd& inv,
 
 TEST_CASE("inverse from an LU and from a Cholesky factor, blocked on the kernel", "[kernel][inverse]") {
   bd_test::for_each_isa([] {
-    for (Eigen::Index n : {1, 5, 48, 49, 97, 128, 131, 200}) {
+    for (Eigen::Index n : {1, 5, 24, 25, 48, 49, 97, 128, 131, 200}) {
       INFO("n = " << n);
       const Eigen::MatrixXd A = bd_test::gaussian(n, n, unsigned(n));
       const Eigen::PartialPivLU<Eigen::MatrixXd> lu(A);
