@@ -175,14 +175,14 @@ inline constexpr double float_pivot_ratio = 1e-3;
 /// independent rows of W (Businger–Golub), returned ascending. On the CPU's vectors
 /// (kernel/pivoted_qr.hpp), one buffer per thread and type: this runs for every product.
 inline std::vector<Index> pivoted_indices(const FactoredProduct& p) {
-  const Eigen::MatrixXd F = row_geometry(p);
+  const Eigen::MatrixXd Ft = row_geometry_transposed(p);
   const Index r = p.r();
   thread_local bd::kernel::ColumnPivots<float> in_float;
   thread_local bd::kernel::ColumnPivots<double> in_double;
-  in_float.compute(F.transpose(), r);
+  in_float.compute(Ft, r);
   const auto& d = in_float.r_diagonal();
   const bool resolved = r == 0 || double(d(r - 1)) >= float_pivot_ratio * double(d(0));
-  const std::vector<Index>& order = resolved ? in_float.order() : in_double.compute(F.transpose(), r).order();
+  const std::vector<Index>& order = resolved ? in_float.order() : in_double.compute(Ft, r).order();
   std::vector<Index> s(order.begin(), order.end());
   std::sort(s.begin(), s.end());
   return s;

@@ -152,19 +152,20 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eige
   return p;
 }
 
-/// Rows of W are isometric to the rows of the returned m×r matrix F: W_i·W_jᵀ = F_i·F_jᵀ.
+/// Fᵀ (r×m), where the rows of the m×r matrix F are isometric to the rows of W: W_i·W_jᵀ = F_i·F_jᵀ.
 /// With VᵀV = L·Lᵀ (Cholesky), F = U·L; when VᵀV is singular (a rank-deficient V), with
 /// VᵀV = E·Λ·Eᵀ (symmetric eigendecomposition, Λ ≥ 0), F = U·E·Λ^½. Used to pivot in W's own
-/// geometry without forming W: pivoting reads only F·Fᵀ, which both forms equal.
-inline Eigen::MatrixXd row_geometry(const FactoredProduct& p) {
+/// geometry without forming W: pivoting reads only F·Fᵀ, which both forms equal. Formed as
+/// Lᵀ·Uᵀ, so that each row of F is a contiguous column, as QR with column pivoting reads them.
+inline Eigen::MatrixXd row_geometry_transposed(const FactoredProduct& p) {
   const Eigen::LLT<Eigen::MatrixXd> llt(p.G);
   if (llt.info() == Eigen::Success && llt.rcond() > 1e-12) {
-    const Eigen::MatrixXd L = llt.matrixL();
-    return bd::kernel::matmul(p.U, L);
+    const Eigen::MatrixXd Lt = llt.matrixU();
+    return bd::kernel::matmul(Lt, p.U.transpose());
   }
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(p.G);
   const Eigen::VectorXd scale = eig.eigenvalues().array().max(0.0).sqrt();
-  return (p.U * eig.eigenvectors()) * scale.asDiagonal();
+  return scale.asDiagonal() * (eig.eigenvectors().transpose() * p.U.transpose());
 }
 
 }  // namespace bd::detail
