@@ -170,9 +170,10 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   // B = U_S·Vᵀ (or Bᵀ), its stored value B̂ and ΔB = B̂ − B (float when the Grams are).
   const bool col = side == Side::Col;
   const Index n = p.n();
+  // B (or Bᵀ) for V's rows given: all of them, or one block of them.
   auto form_B = [&](const auto& USo, const auto& Vo, auto& out) {
-    if (col) out.resize(n, r), matmul_into(Vo, USo.transpose(), out);
-    else out.resize(r, n), matmul_into(USo, Vo.transpose(), out);
+    if (col) out.resize(Vo.rows(), r), matmul_into(Vo, USo.transpose(), out);
+    else out.resize(r, Vo.rows()), matmul_into(USo, Vo.transpose(), out);
   };
   // ΔB·V and ΔB·ΔBᵀ from ΔB as held (ΔBᵀ in column form, read in place).
   auto delta_products = [&](const auto& dBo, const auto& Vo, auto& dBVo, auto& dBdBto) {
@@ -197,8 +198,7 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
         const Index w = std::min(basis_block, n - j0);
         const auto Vb = p.Vf().middleRows(j0, w);
         MatrixXf& Bb = buf.Bf;
-        if (col) Bb.resize(w, r), matmul_into(Vb, buf.USf.transpose(), Bb);
-        else Bb.resize(r, w), matmul_into(buf.USf, Vb.transpose(), Bb);
+        form_B(buf.USf, Vb, Bb);
         times.fit += clock.lap();
         // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
         dBf.resize(Bb.rows(), Bb.cols());
