@@ -125,3 +125,22 @@ TEST_CASE("matmul_upper: a·u for an upper-triangular u equals the dense product
     }
   });
 }
+
+TEST_CASE("matmul_lower: a·l for a lower-triangular l equals the dense product", "[kernel][matmul]") {
+  // Each column block reads only l's rows from its first column on; the rows left out hold zeros.
+  bd_test::for_each_isa([] {
+    for (auto [L, N] : {std::pair<int, int>{128, 128}, {300, 130}, {97, 45}, {40, 5}, {9, 1}}) {
+      INFO("L = " << L << ", N = " << N);
+      const Eigen::MatrixXd a = bd_test::gaussian(L, N, 41u + unsigned(N));
+      const Eigen::MatrixXd l = bd_test::gaussian(N, N, 43u + unsigned(L)).triangularView<Eigen::Lower>();
+      Eigen::MatrixXd got = Eigen::MatrixXd::Constant(L, N, 7.0);
+      bd::kernel::matmul_lower_into(a, l, got);
+      expect_close<double>(got, Eigen::MatrixXd(a * l), N);
+      // a read in place as the transpose of another matrix, as the inverse from an LU reads U⁻¹.
+      const Eigen::MatrixXd at = a.transpose();
+      got.setConstant(7.0);
+      bd::kernel::matmul_lower_into(at.transpose(), l, got);
+      expect_close<double>(got, Eigen::MatrixXd(a * l), N);
+    }
+  });
+}

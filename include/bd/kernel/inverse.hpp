@@ -16,7 +16,6 @@
 // mapping, faulted in and zeroed (r = 128 in double is glibc's 128 KiB mmap threshold).
 #pragma once
 
-#include <algorithm>
 #include <vector>
 
 #include <Eigen/Cholesky>
@@ -93,24 +92,6 @@ detail::Dense<typename Derived::Scalar> lower_inverse(const Eigen::MatrixBase<De
   return out;
 }
 
-/// out = u·l for an upper-triangular u and a lower-triangular l (n×n, exact zeros across the
-/// diagonal: the blocks read include them). Entry (i, j) sums over k ≥ max(i, j) only, so column
-/// block j of four reads only u's columns from the block's first on and l's rows likewise: 5/8 of
-/// the dense product, the skipped terms exact zeros (finer splits measured slower at r = 128:
-/// each block is one more packed product).
-template <typename DerivedU, typename DerivedL, typename DerivedOut>
-void upper_lower_product_into(const Eigen::MatrixBase<DerivedU>& u, const Eigen::MatrixBase<DerivedL>& l,
-                              Eigen::MatrixBase<DerivedOut>& out) {
-  const Index n = u.rows();
-  eigen_assert(u.cols() == n && l.rows() == n && l.cols() == n && out.rows() == n && out.cols() == n);
-  const Index width = (n + 3) / 4;
-  for (Index c = 0; c < n; c += width) {
-    const Index w = std::min(width, n - c);
-    auto block = out.middleCols(c, w);
-    matmul_into(u.rightCols(n - c), l.block(c, c, n - c, w), block);
-  }
-}
-
 /// out = A⁻¹ = U⁻¹·L⁻¹·P from P·A = L·U held in one matrix `LU` (any storage order; L unit
 /// lower, U upper); column j of A⁻¹ is column gather[j] of U⁻¹·L⁻¹.
 template <typename DerivedLU, typename Gather>
@@ -122,8 +103,8 @@ void inverse_from_lu_into(const Eigen::MatrixBase<DerivedLU>& LU, const Gather& 
   lower_inverse_into<Eigen::UnitLower>(LU, Linv);
   // U⁻¹ = ((Uᵀ)⁻¹)ᵀ, Uᵀ lower-triangular; both transposes are read in place.
   lower_inverse_into<Eigen::Lower>(LU.transpose(), UinvT);
-  auto product = detail::scratch<T, 1>(n, n);
-  upper_lower_product_into(UinvT.transpose(), Linv, product);
+  auto product = detail::scratch<T, 1>(n, n);  // U⁻¹·L⁻¹, on L⁻¹'s triangle (5/8 of the dense product)
+  matmul_lower_into(UinvT.transpose(), Linv, product);
   out.resize(n, n);
   for (Index j = 0; j < n; ++j) out.col(j) = product.col(gather[j]);
 }

@@ -9,6 +9,7 @@
 // storage order.
 #pragma once
 
+#include <algorithm>
 #include <numeric>
 #include <type_traits>
 #include <vector>
@@ -86,21 +87,42 @@ void matmul_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<D
   detail::product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false);
 }
 
+namespace detail {
+/// out = a·t for a triangular t (N×N, Eigen::Upper or Eigen::Lower; the other triangle must hold
+/// zeros: those in the diagonal blocks are read). In four column blocks, block j needs only the
+/// rows of t that reach it — the leading ones up to its last column for an upper t, the trailing
+/// ones from its first column for a lower t — so the blocks cost 5/8 of the dense product, and
+/// the skipped terms are exact zeros: the result is the dense product's.
+template <int Mode, typename DerivedA, typename DerivedT, typename DerivedOut>
+void matmul_triangular_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedT>& t,
+                            Eigen::MatrixBase<DerivedOut>& out) {
+  static_assert(Mode == Eigen::Upper || Mode == Eigen::Lower, "matmul_triangular_into: Upper or Lower");
+  const Index n = t.cols();
+  eigen_assert(t.rows() == n && a.cols() == n && out.rows() == a.rows() && out.cols() == n);
+  const Index width = (n + 3) / 4;
+  for (Index c0 = 0; c0 < n; c0 += width) {
+    const Index w = std::min(width, n - c0);
+    const Index k0 = Mode == Eigen::Upper ? 0 : c0, k1 = Mode == Eigen::Upper ? c0 + w : n;
+    auto block = out.middleCols(c0, w);
+    matmul_into(a.middleCols(k0, k1 - k0), t.block(k0, c0, k1 - k0, w), block);
+  }
+}
+}  // namespace detail
+
 /// out = a·u for an upper-triangular u (N×N; entries below the diagonal must be zero: those in
-/// the diagonal blocks are read). Column block j of the result only needs the leading rows of
-/// u that reach its last column, so four blocks cost 5/8 of the dense product; the skipped terms
-/// are exact zeros, so the result is the dense product's.
+/// the diagonal blocks are read), at 5/8 of the dense product's cost (detail::matmul_triangular_into).
 template <typename DerivedA, typename DerivedU, typename DerivedOut>
 void matmul_upper_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedU>& u,
                        Eigen::MatrixBase<DerivedOut>& out) {
-  const Index n = u.cols();
-  eigen_assert(u.rows() == n && a.cols() == n && out.rows() == a.rows() && out.cols() == n);
-  const Index width = (n + 3) / 4;
-  for (Index c0 = 0; c0 < n; c0 += width) {
-    const Index w = std::min(width, n - c0), reach = c0 + w;
-    auto block = out.middleCols(c0, w);
-    matmul_into(a.leftCols(reach), u.block(0, c0, reach, w), block);
-  }
+  detail::matmul_triangular_into<Eigen::Upper>(a, u, out);
+}
+
+/// out = a·l for a lower-triangular l (N×N; entries above the diagonal must be zero: those in
+/// the diagonal blocks are read), at 5/8 of the dense product's cost.
+template <typename DerivedA, typename DerivedL, typename DerivedOut>
+void matmul_lower_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedL>& l,
+                       Eigen::MatrixBase<DerivedOut>& out) {
+  detail::matmul_triangular_into<Eigen::Lower>(a, l, out);
 }
 
 /// out = aᵀ·a (a: K×N, out: N×N), exactly symmetric: the dispatched kernel computes only the
