@@ -9,6 +9,7 @@
 // so the output is written once. `columns` < NR computes only the first `columns` columns.
 #pragma once
 
+#include <cmath>
 #include <type_traits>
 
 #include "bd/kernel/cpu.hpp"
@@ -18,6 +19,20 @@
 #include <immintrin.h>
 
 namespace bd::kernel {
+
+// e^x in float for the softmax: x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split in a part exact in
+// float and a correction, Cody–Waite), e^r by Cephes' polynomial (1 + r + r²·p(r), about
+// 1 ulp on that interval), times 2ⁿ. Shared by the AVX2 and AVX-512 kernels.
+inline constexpr float exp_lowest = -87.3365447f;  ///< below: 0 (2ⁿ would leave the normal range)
+inline constexpr float exp_highest = 88.0f;        ///< above: clamped (softmax arguments are ≤ 0)
+inline constexpr float exp_log2e = 1.44269504088896341f;
+inline constexpr float exp_ln2_hi = 0.693359375f;
+inline constexpr float exp_ln2_lo = -2.12194440e-4f;
+
+/// Cephes' expf coefficients, highest degree first: e^r ≈ 1 + r + r²·p(r).
+inline constexpr float exp_coefficients[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                              4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 namespace avx2 {
 
 struct OpsFloat {
@@ -35,6 +50,23 @@ struct OpsFloat {
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
   }
+  // The softmax's operations (micro_kernel_simd.inc's softmax_panel).
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V max(V a, V b) { return _mm256_max_ps(a, b); }
+  /// e^x: n = round(x·log₂e), r = x − n·ln2 in two parts, e^r by the polynomial, 2ⁿ built in the
+  /// exponent bits; 0 below −87.3 (−∞ included: a masked score), NaN kept.
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V exp(V x) {
+    const V keep = _mm256_cmp_ps(x, _mm256_set1_ps(exp_lowest), _CMP_NLT_UQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(exp_lowest)), _mm256_set1_ps(exp_highest));
+    const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(exp_log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(exp_ln2_lo), _mm256_fnmadd_ps(n, _mm256_set1_ps(exp_ln2_hi), x));
+    V p = _mm256_set1_ps(exp_coefficients[0]);
+    for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_coefficients[i]));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+  }
 };
 struct OpsDouble {
   using V = __m256d;
@@ -48,6 +80,16 @@ struct OpsDouble {
   BD_TARGET_AVX2 static inline __attribute__((always_inline)) double hsum(__m256d v) {
     const __m128d x = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
     return _mm_cvtsd_f64(_mm_add_sd(x, _mm_unpackhi_pd(x, x)));
+  }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V sub(V a, V b) { return _mm256_sub_pd(a, b); }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V mul(V a, V b) { return _mm256_mul_pd(a, b); }
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V max(V a, V b) { return _mm256_max_pd(a, b); }
+  /// e^x lane by lane with std::exp: double attention is the tests' reference, not a fast path.
+  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V exp(V x) {
+    alignas(32) double lanes[4];
+    _mm256_store_pd(lanes, x);
+    for (double& v : lanes) v = std::exp(v);
+    return _mm256_load_pd(lanes);
   }
 };
 
@@ -74,6 +116,10 @@ struct Avx2Kernel {
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
     avx2::dot_columns<Ops>(count, rows, depth, b, ldb, columns, result);
   }
+  /// Flash attention (flash_attention.hpp): one online-softmax step of an MR-row panel, and the
+  /// rescaling of its output accumulators.
+  static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) { avx2::softmax_panel<mr, Ops>(s, n, m, l, alpha); }
+  static void scale_panel(T* o, Index columns, const T* alpha) { avx2::scale_panel<mr, Ops>(o, columns, alpha); }
   /// P·A = L·U in place for a small row-major A (small_lu.hpp).
   static void lu_rows(T* a, Index n, Index ld, Index* perm) { avx2::lu_rows<Ops>(a, n, ld, perm); }
   /// The pivots of QR with column pivoting (pivoted_qr.hpp).

@@ -13,6 +13,7 @@
 // intrinsics used here are the ones that do not: loadu, storeu, set1, fmadd.
 #pragma once
 
+#include <cmath>
 #include <type_traits>
 
 #include "bd/kernel/cpu.hpp"
@@ -40,6 +41,25 @@ struct OpsFloat {
     _mm512_store_ps(lanes, v);
     return avx2::OpsFloat::hsum(_mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8)));
   }
+  // The softmax's operations (micro_kernel_simd.inc's softmax_panel). Written with the masked
+  // intrinsics and an explicit source, which GCC 12 implements without an undefined vector.
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V max(V a, V b) { return _mm512_mask_max_ps(a, 0xFFFF, a, b); }
+  /// e^x as the AVX2 kernel computes it (micro_kernel_avx2.hpp), 2ⁿ applied by vscalefps; 0 below −87.3
+  /// (−∞ included), NaN kept.
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V exp(V x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_lowest), _CMP_NLT_UQ);
+    x = _mm512_mask_max_ps(x, 0xFFFF, x, _mm512_set1_ps(exp_lowest));
+    x = _mm512_mask_min_ps(x, 0xFFFF, x, _mm512_set1_ps(exp_highest));
+    const V n = _mm512_mask_roundscale_ps(x, 0xFFFF, _mm512_mul_ps(x, _mm512_set1_ps(exp_log2e)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_ln2_lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_ln2_hi), x));
+    V p = _mm512_set1_ps(exp_coefficients[0]);
+    for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_coefficients[i]));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mov_ps(keep, _mm512_mask_scalef_ps(p, 0xFFFF, p, n));
+  }
 };
 struct OpsDouble {
   using V = __m512d;
@@ -53,6 +73,16 @@ struct OpsDouble {
     alignas(64) double lanes[8];
     _mm512_store_pd(lanes, v);
     return avx2::OpsDouble::hsum(_mm256_add_pd(_mm256_load_pd(lanes), _mm256_load_pd(lanes + 4)));
+  }
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V sub(V a, V b) { return _mm512_sub_pd(a, b); }
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V mul(V a, V b) { return _mm512_mul_pd(a, b); }
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V max(V a, V b) { return _mm512_mask_max_pd(a, 0xFF, a, b); }
+  /// e^x lane by lane with std::exp: double attention is the tests' reference, not a fast path.
+  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V exp(V x) {
+    alignas(64) double lanes[8];
+    _mm512_store_pd(lanes, x);
+    for (double& v : lanes) v = std::exp(v);
+    return _mm512_load_pd(lanes);
   }
 };
 
@@ -79,6 +109,10 @@ struct Avx512Kernel {
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
     avx512::dot_columns<Ops>(count, rows, depth, b, ldb, columns, result);
   }
+  /// Flash attention (flash_attention.hpp): one online-softmax step of an MR-row panel, and the
+  /// rescaling of its output accumulators.
+  static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) { avx512::softmax_panel<mr, Ops>(s, n, m, l, alpha); }
+  static void scale_panel(T* o, Index columns, const T* alpha) { avx512::scale_panel<mr, Ops>(o, columns, alpha); }
   /// P·A = L·U in place for a small row-major A (small_lu.hpp).
   static void lu_rows(T* a, Index n, Index ld, Index* perm) { avx512::lu_rows<Ops>(a, n, ld, perm); }
   /// The pivots of QR with column pivoting (pivoted_qr.hpp).

@@ -30,6 +30,10 @@ struct Ops {
   static V fma(V a, V b, V c) { return a * b + c; }
   static V add(V a, V b) { return a + b; }
   static T sum(V v) { return v; }
+  static V sub(V a, V b) { return a - b; }
+  static V mul(V a, V b) { return a * b; }
+  static V max(V a, V b) { return a < b ? b : a; }
+  static V exp(V x) { return std::exp(x); }
 };
 
 #define BD_KERNEL_TARGET
@@ -74,6 +78,13 @@ struct PortableKernel {
         result[c * 4 + i] = sum;
       }
   }
+
+  /// Flash attention (flash_attention.hpp): micro_kernel_simd.inc's softmax step and rescaling
+  /// one scalar at a time.
+  static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) {
+    portable::softmax_panel<mr, portable::Ops<T>>(s, n, m, l, alpha);
+  }
+  static void scale_panel(T* o, Index columns, const T* alpha) { portable::scale_panel<mr, portable::Ops<T>>(o, columns, alpha); }
 
   /// P·A = L·U in place for a small row-major A: micro_kernel_simd.inc's lu_rows with scalars
   /// (same layout, pivots and multipliers; the padding and scratch row are not read).

@@ -1,0 +1,221 @@
+// bd/kernel/flash_attention.hpp — softmax(Q·Kᵀ·scale)·V for every head, fused and tiled on the
+// micro-kernels (Dao et al. 2022, FlashAttention, laid out for the CPU):
+//
+//   for each task (a key/value head group, a block of its query rows)      in parallel
+//     pack the rows' queries, scaled, [q | q_rope]                          MR-row panels
+//     for each block of keys the rows can see (causal blocks skipped)
+//       pack [k | k_rope] as NR-key panels, v as NR-channel panels          L2
+//       per MR-row panel:  S = Q·Kᵀ  (tile, written key-major: the packed A of P·V)
+//                          mask the causal diagonal, online softmax step (softmax_panel)
+//                          O ← α·O + P·V  (scale_panel, tile with O as its start)
+//     O / l into the output
+//
+// No L×L matrix exists: a task holds its rows' scores for one key block. Query heads that read
+// the same key and value heads are one group and their rows are stacked (head-major), so GQA,
+// MQA and absorbed MLA decoding (all heads against one latent) run one product per key block
+// for all of them: the keys are packed once and every tile is full.
+//
+// Row r of group g is query head g·group + r / Lq at position first_query_position + r % Lq;
+// keys sit at positions 0 … Lk − 1. The decoupled RoPE part (MLA) is one more stretch of depth:
+// q_rope per head, one k_rope for all heads.
+#pragma once
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include "bd/kernel/arguments.hpp"
+#include "bd/kernel/cpu.hpp"
+#include "bd/kernel/micro_kernel_avx2.hpp"
+#include "bd/kernel/micro_kernel_avx512.hpp"
+#include "bd/kernel/micro_kernel_portable.hpp"
+#include "bd/kernel/pack.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace bd::kernel {
+
+/// One attention call, column-major operands read in place. Head h of Q reads key head
+/// h·n_k/n_q and value head h·n_v/n_q; n_q must be a multiple of n_k and of n_v.
+template <typename T>
+struct AttentionArguments {
+  Index q_len = 0, k_len = 0;        ///< Lq query rows, Lk keys
+  Index n_q = 1, n_k = 1, n_v = 1;   ///< heads of Q, K and V
+  Index d_qk = 0, d_rope = 0, d_v = 0;
+  const T* q = nullptr;  Index ldq = 0;    ///< Lq × n_q·d_qk
+  const T* qr = nullptr; Index ldqr = 0;   ///< Lq × n_q·d_rope (d_rope > 0)
+  const T* k = nullptr;  Index ldk = 0;    ///< Lk × n_k·d_qk
+  const T* kr = nullptr; Index ldkr = 0;   ///< Lk × d_rope, shared by all heads
+  const T* v = nullptr;  Index ldv = 0;    ///< Lk × n_v·d_v
+  T* out = nullptr;      Index ldo = 0;    ///< Lq × n_q·d_v
+  T scale = T(1);
+  bool causal = false;
+  Index first_query_position = 0;    ///< causal: row i sees keys 0 … first + i
+};
+
+namespace detail {
+
+/// Query rows per task and keys per block. 64 rows amortise packing the keys (once per task and
+/// block) against 64× the arithmetic; a key block's packed keys and values stay within 256 KB
+/// (L2 on every CPU bd targets), and whole NR panels of every kernel (12, 6, 4).
+inline Index flash_row_block(Index mr) { return round_up(64, mr); }
+inline Index flash_key_block(Index depth, Index d_v, std::size_t bytes) {
+  const Index fit = Index(256 * 1024 / bytes) / std::max<Index>(1, depth + d_v);
+  return std::clamp<Index>(fit / 12 * 12, 12, 384);
+}
+
+template <typename Kernel, typename T>
+void flash_attention_on(const AttentionArguments<T>& a, int threads) {
+  constexpr Index MR = Kernel::mr, NR = Kernel::nr;
+  const Index groups = std::lcm(a.n_k, a.n_v), group = a.n_q / groups;  // heads sharing a key and a value head
+  const Index rows = group * a.q_len, D = a.d_qk + a.d_rope, dv = a.d_v;
+  const Index Bq = flash_row_block(MR), Bk = flash_key_block(D, dv, sizeof(T));
+  const Index row_blocks = (rows + Bq - 1) / Bq, tasks = groups * row_blocks;
+  const Index panels = Bq / MR, dv_padded = round_up(dv, NR);
+  // Per worker: packed queries, keys and values of one block, scores, output accumulators,
+  // and the rows' running max, sum, rescaling factor and position.
+  const Index q_size = Bq * D, k_size = round_up(Bk, NR) * D, v_size = Bk * dv_padded, s_size = Bq * round_up(Bk, NR);
+  const Index o_size = Bq * dv_padded, stats = 3 * Bq;
+  const Index per_worker = q_size + k_size + v_size + s_size + o_size + stats;
+  std::vector<T> buffers(static_cast<std::size_t>(per_worker * std::max(1, threads)));
+  std::vector<Index> positions(static_cast<std::size_t>(Bq * std::max(1, threads)));
+  const Index no_mask = std::numeric_limits<Index>::max() / 2;
+  (void)tasks;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && tasks > 1)
+#endif
+  for (Index task = 0; task < tasks; ++task) {
+#ifdef _OPENMP
+    const Index me = omp_get_thread_num();
+#else
+    const Index me = 0;
+#endif
+    T* const qp = buffers.data() + me * per_worker;
+    T* const kp = qp + q_size;
+    T* const vp = kp + k_size;
+    T* const sp = vp + v_size;
+    T* const op = sp + s_size;
+    T* const m = op + o_size;
+    T* const l = m + Bq;
+    T* const alpha = l + Bq;
+    Index* const pos = positions.data() + me * Bq;
+    const Index g = task / row_blocks, r0 = (task % row_blocks) * Bq, nrows = std::min(Bq, rows - r0);
+    const Index kh = g * a.n_k / groups, vh = g * a.n_v / groups;
+
+    // Queries, scaled: qp[p·MR·D + k·MR + i] for row p·MR + i of the block; zero rows past the end.
+    Index last_position = 0;
+    for (Index i = 0; i < Bq; ++i) {
+      if (i >= nrows) {
+        pos[i] = no_mask;
+        for (Index k = 0; k < D; ++k) qp[(i / MR) * MR * D + k * MR + i % MR] = T(0);
+        continue;
+      }
+      const Index r = r0 + i, h = g * group + r / a.q_len, t = r % a.q_len;
+      pos[i] = a.causal ? a.first_query_position + t : no_mask;
+      last_position = std::max(last_position, a.first_query_position + t);
+      T* to = qp + (i / MR) * MR * D + i % MR;
+      const T* q = a.q + h * a.d_qk * a.ldq + t;
+      for (Index k = 0; k < a.d_qk; ++k) to[k * MR] = q[k * a.ldq] * a.scale;
+      const T* qr = a.qr + h * a.d_rope * a.ldqr + t;
+      for (Index k = 0; k < a.d_rope; ++k) to[(a.d_qk + k) * MR] = qr[k * a.ldqr] * a.scale;
+    }
+    std::fill(m, m + Bq, -std::numeric_limits<T>::infinity());
+    std::fill(l, l + Bq, T(0));
+    std::fill(op, op + o_size, T(0));
+    const Index k_end = a.causal ? std::min(a.k_len, last_position + 1) : a.k_len;
+
+    for (Index k0 = 0; k0 < k_end; k0 += Bk) {
+      const Index bk = std::min(Bk, k_end - k0);
+      // Keys as NR-key panels, k-major: kp[j0·D + c·NR + j] = [k | k_rope](k0 + j0 + j, c).
+      for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
+        T* panel = kp + j0 * D;
+        const Index nj = std::min(NR, bk - j0);
+        for (Index c = 0; c < D; ++c) {
+          const T* from = c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 + j0 : a.kr + (c - a.d_qk) * a.ldkr + k0 + j0;
+          T* to = panel + c * NR;
+          std::copy(from, from + nj, to);
+          std::fill(to + nj, to + NR, T(0));
+        }
+      }
+      // Values as NR-channel panels, k-major: vp[c0·bk + k·NR + j] = v(k0 + k, c0 + j).
+      for (Index c0 = 0; c0 < dv_padded; c0 += NR) {
+        const Index nc = std::min(NR, dv - c0);
+        const auto column = [&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; };
+        T* panel = vp + c0 * bk;
+        Index j = transpose_runs<NR, T, T>(column, nc, bk, panel);
+        for (; j < NR; ++j) {
+          if (j >= nc) {
+            for (Index k = 0; k < bk; ++k) panel[k * NR + j] = T(0);
+            continue;
+          }
+          const T* col = column(j);
+          for (Index k = 0; k < bk; ++k) panel[k * NR + j] = col[k];
+        }
+      }
+      for (Index p = 0; p < panels; ++p) {
+        const Index* row_pos = pos + p * MR;
+        if (p * MR >= nrows) break;
+        Index lowest = no_mask, highest = 0;  // over the panel's rows (padding rows are never masked)
+        for (Index i = 0; i < std::min(MR, nrows - p * MR); ++i)
+          lowest = std::min(lowest, row_pos[i]), highest = std::max(highest, row_pos[i]);
+        if (highest < k0) continue;  // causal: the whole block is after every row of the panel
+        T* s = sp + p * MR * round_up(Bk, NR);
+        // S = Q·Kᵀ, key-major (column j of the tile is key j): the packed A of P·V.
+        for (Index j0 = 0; j0 < bk; j0 += NR) {
+          T* dst[NR];
+          for (Index j = 0; j < NR; ++j) dst[j] = s + (j0 + j) * MR;
+          Kernel::tile(std::min(NR, bk - j0), D, qp + p * MR * D, kp + j0 * D, nullptr, nullptr, dst);
+        }
+        if (lowest < k0 + bk - 1)  // the causal diagonal crosses this block: mask keys after each row
+          for (Index i = 0; i < MR; ++i)
+            for (Index k = std::max<Index>(0, row_pos[i] + 1 - k0); k < bk; ++k)
+              s[k * MR + i] = -std::numeric_limits<T>::infinity();
+        Kernel::softmax_panel(s, bk, m + p * MR, l + p * MR, alpha + p * MR);
+        T* o = op + p * MR * dv_padded;
+        Kernel::scale_panel(o, dv, alpha + p * MR);
+        for (Index c0 = 0; c0 < dv; c0 += NR) {
+          T* cols[NR];
+          for (Index j = 0; j < NR; ++j) cols[j] = o + (c0 + j) * MR;
+          Kernel::tile(std::min(NR, dv - c0), bk, s, vp + c0 * bk, cols, nullptr, cols);
+        }
+      }
+    }
+    // O / l into the output rows.
+    for (Index i = 0; i < nrows; ++i) {
+      const Index r = r0 + i, h = g * group + r / a.q_len, t = r % a.q_len;
+      const T* from = op + (i / MR) * MR * dv_padded + i % MR;
+      const T inv = T(1) / l[i];
+      T* to = a.out + h * dv * a.ldo + t;
+      for (Index c = 0; c < dv; ++c) to[c * a.ldo] = from[c * MR] * inv;
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Runs the attention on up to `threads` OpenMP threads (0: omp_get_max_threads(); 1 inside a
+/// parallel region) with the kernels of active_isa(). Lk ≥ 1 (a row with no key has no softmax);
+/// the caller checks shapes (nn/attention_core.hpp does, with messages).
+template <typename T>
+void flash_attention(const AttentionArguments<T>& a, int threads = 0) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "flash_attention: float or double");
+  eigen_assert(a.k_len > 0 && a.n_q % a.n_k == 0 && a.n_q % a.n_v == 0 && "flash_attention: arguments");
+  if (a.q_len == 0) return;
+#ifdef _OPENMP
+  if (threads <= 0) threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+  threads = 1;
+#endif
+#ifdef BD_KERNEL_X86
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512) return detail::flash_attention_on<Avx512Kernel<T>>(a, threads);
+  if (isa == Isa::avx2) return detail::flash_attention_on<Avx2Kernel<T>>(a, threads);
+#endif
+  detail::flash_attention_on<PortableKernel<T>>(a, threads);
+}
+
+}  // namespace bd::kernel
