@@ -2,6 +2,7 @@
 //
 //   attention/<mha|bda>/<L>      one causal self-attention forward over L tokens;
 //   decode/<mha|bda>/<context>   one new token against a KV cache of `context` tokens;
+//   gemm/bd_kernel/<L>           the dense GEMM rate of bd's kernel in the same run (the yardstick);
 //   linear/<impl>/<shape>        L = 1024 tokens through a LLaMA2-7B projection at the rank that
 //                                keeps 80 % of its parameters (the paper's low-rank table);
 //                                every implementation writes into a preallocated y;
@@ -20,6 +21,7 @@
 #include <string>
 
 #include <bd/nn/bd_attention.hpp>
+#include <bd/kernel/matmul.hpp>
 #include <bd/nn/bd_linear.hpp>
 #include <bd/nn/multi_head_attention.hpp>
 
@@ -98,8 +100,10 @@ void attention(benchmark::State& state, bool bd) {
     Eigen::MatrixXf y = bd ? pair.bd.forward(x) : pair.dense.forward(x);
     benchmark::DoNotOptimize(y.data());
   }
-  // Causal: the scores are computed in full and masked, so L keys per query.
-  layer_counters(state, attention_flops(double(L), double(L), bd), attention_flops(double(L), double(L), false));
+  // Causal: query i sees i + 1 keys, (L + 1)/2 on average — the work the layer must do (the
+  // flash core skips the tiles above the diagonal).
+  const double keys = (double(L) + 1) / 2;
+  layer_counters(state, attention_flops(double(L), keys, bd), attention_flops(double(L), keys, false));
 }
 
 void decode(benchmark::State& state, bool bd) {
@@ -121,6 +125,21 @@ void decode(benchmark::State& state, bool bd) {
     cache.truncate(context);
   }
   layer_counters(state, attention_flops(1, double(context + 1), bd), attention_flops(1, double(context + 1), false));
+}
+
+/// The machine's dense GEMM rate on bd's kernel in the same run, at the layer's largest product
+/// (the output projection, L × 16384 by 16384 × 7168): the yardstick of the layers' FLOP/s.
+void gemm_rate(benchmark::State& state) {
+  const Index L = state.range(0), depth = kHeads * kHeadDim;
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, depth), w = Eigen::MatrixXf::Random(depth, kHidden);
+  Eigen::MatrixXf y(L, kHidden);
+  for (auto _ : state) {
+    bd::kernel::linear_into<float, float>(x.data(), L, L, depth, w.data(), depth, false, kHidden, nullptr, y.data(), L);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * double(L) * double(depth) * double(kHidden), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---- linear ----------------------------------------------------------------------------------
@@ -208,6 +227,7 @@ int register_all() {
     benchmark::RegisterBenchmark(("decode/" + name).c_str(), [bd](benchmark::State& s) { decode(s, bd); })
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   }
+  benchmark::RegisterBenchmark("gemm/bd_kernel", gemm_rate)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
   std::vector<std::string> impls{"dense", "lowrank", "bd"};
 #ifdef BD_HAVE_OPENBLAS
   impls.insert(impls.begin() + 1, "dense_openblas");

@@ -3,17 +3,18 @@
 //   decode/mla_absorbed/<dense|bd>/<context>   one token decoded absorbed over a latent cache of
 //                                              `context` tokens (c and k_rope: 576 values each);
 //   prefill/mla_chunk/<dense|bd>/<context>     a chunk of 64 new tokens against `context` cached
-//                                              ones: K/V (K'/V' by Algorithm 2 for BD) recomputed
-//                                              from the cached latent, then attention and output.
+//                                              ones, by the path the cost model picks (counter
+//                                              `absorbed`: 1 when it maps queries into the latent);
+//   prefill/mla_recompute/<dense|bd>/<context> the same chunk with K/V (K'/V' by Algorithm 2 for
+//                                              BD) recomputed from the cached latent.
 //
 // The layer is DeepSeek-V3's at full size (config.json of deepseek-ai/DeepSeek-V3): hidden 7168,
 // 128 heads, query LoRA 1536, latent 512, nope 128, rope 64, v 128; weights uniform with the
 // variance of 1/fan_in (speed does not depend on their values; BD with the first-rows basis).
-// Counters: `theoretical_ratio` is dense FLOPs / BD FLOPs of the step as bd::nn::mla_cost counts
-// them (projections) plus the attention over the context, which BD does not change; for
-// prefill, `kv_ratio` is the up-projection's own bound, 1023/768 = 1.33. The context's K/V
-// up-projections run on the dispatched kernel in both layers (dense: bd::kernel::matmul; BD: the
-// fused projection); queries, softmax and output run on Eigen in both.
+// Counters: `theoretical_ratio` is dense FLOPs / BD FLOPs of the step as bd::nn::mla_cost and
+// bd::nn::chunk_plan count them (projections) plus the attention over the context, which BD does
+// not change. Every product of both layers runs on the dispatched kernel, attention on its
+// flash core.
 #include <benchmark/benchmark.h>
 
 #include <bd/nn/bd_attention.hpp>
@@ -90,27 +91,34 @@ void decode_absorbed(benchmark::State& state, bool bd) {
   state.counters["theoretical_ratio"] = (m.decode_dense + attend) / (m.decode_bd + attend);
 }
 
-void prefill_chunk(benchmark::State& state, bool bd) {
+/// A chunk of kChunk tokens over `context` cached ones, by `path` (automatic: the cost model's
+/// choice, reported as the counter `absorbed`).
+void prefill_chunk(benchmark::State& state, bool bd, bd::nn::PrefillPath path) {
   const MlaPair& pair = mla_pair();
   const Index context = state.range(0);
   auto cache = filled_cache(context, kChunk);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(kChunk, kHidden);
   for (auto _ : state) {
-    Eigen::MatrixXf y = bd ? pair.bd.prefill(x, cache) : pair.dense.prefill(x, cache);
+    Eigen::MatrixXf y = bd ? pair.bd.prefill(x, cache, path) : pair.dense.prefill(x, cache, path);
     benchmark::DoNotOptimize(y.data());
     cache.truncate(context);
   }
-  // Per step: the chunk's own projections, the K/V up-projection of all context + chunk tokens,
-  // and attention of the chunk's queries over them (scores over nope + rope, P·V over v).
-  const auto m = bd::nn::mla_cost(pair.shape, bd::nn::Mode::QKVO);
-  const double keys = double(context + kChunk), n = double(kHeads);
-  const double up_dense = keys * 2 * n * kNope * (2.0 * kLatent - 1), up_bd = keys * 2 * n * kNope * 2.0 * (kLatent - kNope);
-  const double own_dense = double(kChunk) * (m.prefill_dense - 2 * n * kNope * (2.0 * kLatent - 1));
-  const double attend = double(kChunk) * keys * n * (2.0 * (kNope + kRope) + 2.0 * kV);
-  const double dense = own_dense + up_dense + attend, bdf = own_dense + up_bd + attend;
+  // Per step: the chunk's own projections, then the path's work (bd::nn::chunk_plan: the K/V
+  // up-projection of all context + chunk tokens and attention at the heads' widths, or the maps
+  // into and out of the latent and attention at its width). Causal: the chunk's own keys count
+  // in full (a 64-token triangle against 16k keys is below the figures' precision).
+  const auto per = bd::nn::attention_cost(pair.shape, bd::nn::Mode::QKVO);
+  const double own = double(kChunk) * (per.dense.q_flops + per.dense.o_flops + per.dense.other_flops);
+  const auto plan_d = pair.dense.plan_chunk(kChunk, context + kChunk), plan_b = pair.bd.plan_chunk(kChunk, context + kChunk);
+  const bd::nn::PrefillPath chosen_d = path == bd::nn::PrefillPath::automatic ? plan_d.path : path;
+  const bd::nn::PrefillPath chosen_b = path == bd::nn::PrefillPath::automatic ? plan_b.path : path;
+  const auto work = [](const bd::nn::ChunkPlan& p, bd::nn::PrefillPath c) {
+    return c == bd::nn::PrefillPath::absorbed ? p.absorbed_flops : p.recompute_flops;
+  };
+  const double dense = own + work(plan_d, chosen_d), bdf = own + work(plan_b, chosen_b);
   state.counters["FLOP/s"] = benchmark::Counter(bd ? bdf : dense, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["theoretical_ratio"] = dense / bdf;
-  state.counters["kv_ratio"] = up_dense / up_bd;
+  state.counters["absorbed"] = double((bd ? chosen_b : chosen_d) == bd::nn::PrefillPath::absorbed);
 }
 
 int register_all() {
@@ -118,7 +126,11 @@ int register_all() {
     const std::string name = bd ? "bd" : "dense";
     benchmark::RegisterBenchmark(("decode/mla_absorbed/" + name).c_str(), [bd](benchmark::State& s) { decode_absorbed(s, bd); })
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
-    benchmark::RegisterBenchmark(("prefill/mla_chunk/" + name).c_str(), [bd](benchmark::State& s) { prefill_chunk(s, bd); })
+    benchmark::RegisterBenchmark(("prefill/mla_chunk/" + name).c_str(),
+                                 [bd](benchmark::State& s) { prefill_chunk(s, bd, bd::nn::PrefillPath::automatic); })
+        ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+    benchmark::RegisterBenchmark(("prefill/mla_recompute/" + name).c_str(),
+                                 [bd](benchmark::State& s) { prefill_chunk(s, bd, bd::nn::PrefillPath::recompute); })
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   }
   return 0;

@@ -66,6 +66,28 @@ void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Ind
 
 }  // namespace detail
 
+/// out = x·w + bias for a layer's projection, on the dispatched kernel whatever its size (a
+/// decoded token's few rows go through the skinny path: Eigen's product at SSE2 speed, on one
+/// thread, is what this replaces). x (rows × depth) and out are column-major in T; w is stored
+/// in S (T, or half / bfloat16, converted while it is packed: no widened copy of a weight),
+/// depth × cols column-major, or with `transposed` its transpose cols × depth read in place.
+/// bias: cols values the accumulators start from, or null. Same threads as gemm().
+template <typename T, typename S>
+void linear_into(const T* x, Index ldx, Index rows, Index depth, const S* w, Index ldw, bool transposed, Index cols,
+                 const T* bias, T* out, Index ldo, int threads = 0) {
+  if (rows == 0 || cols == 0) return;
+  std::vector<Index> channels(static_cast<std::size_t>(depth));
+  std::iota(channels.begin(), channels.end(), Index(0));
+  GemmArguments<T, S> args;
+  args.rows = rows;
+  args.x = x, args.ldx = ldx;
+  args.b = w, args.ldb = ldw, args.b_row_major = transposed;
+  args.out = out, args.ldo = ldo;
+  args.init_values = bias;
+  args.segments.push_back({channels.data(), depth, 0, cols});
+  gemm(args, {}, threads);
+}
+
 /// out = a·b (a: L×K, b: K×N; column-major out, any operands) on the dispatched kernel. On up
 /// to omp_get_max_threads() threads, one inside a parallel region (preparation's per-head loops).
 template <typename DerivedA, typename DerivedB, typename DerivedOut>

@@ -1,5 +1,6 @@
 // bd/nn/attention_core.hpp — what dense and BD attention share once q, k, v are projected:
-// rotary embeddings, RMSNorm, and softmax(q·kᵀ·scale)·v per head with an optional causal mask.
+// rotary embeddings, RMSNorm, softmax(q·kᵀ·scale)·v per head with an optional causal mask (on
+// the kernel's flash attention), and the KV cache.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "bd/core/error.hpp"
 #include "bd/core/validate.hpp"
+#include "bd/kernel/flash_attention.hpp"
 
 namespace bd::nn {
 
@@ -41,7 +43,7 @@ void apply_rope(MatrixA<A>& x, Index heads, Index dim, double theta, Index first
 
 /// RMSNorm over each row: x·g / sqrt(mean(x²) + eps).
 template <typename A, typename Gain>
-MatrixA<A> rms_norm(const MatrixA<A>& x, const Gain& gain, double eps) {
+MatrixA<A> rms_norm(const Eigen::Ref<const MatrixA<A>>& x, const Gain& gain, double eps) {
   MatrixA<A> out(x.rows(), x.cols());
   for (Index i = 0; i < x.rows(); ++i) {
     const A inv = A(1.0 / std::sqrt(double(x.row(i).squaredNorm()) / double(x.cols()) + eps));
@@ -62,32 +64,39 @@ struct AttendSpec {
   Index first_query_position = 0;  ///< keys sit at positions 0..L_k−1
 };
 
-/// O (L_q × n_q·d_v) = [softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale], masked)·V_h]_h.
 template <typename A>
 using ConstRef = Eigen::Ref<const MatrixA<A>>;
 
+/// O (L_q × n_q·d_v) = [softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale], masked)·V_h]_h, fused and
+/// tiled on the dispatched kernel (kernel/flash_attention.hpp): no L_q × L_k matrix is formed,
+/// causal tiles are skipped, and query heads that read the same key and value heads are one
+/// product. Operands are read where they lie (a cache's rows too).
 template <typename A>
 MatrixA<A> attend(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const AttendSpec& s,
                   const ConstRef<A>* Qr = nullptr, const ConstRef<A>* Kr = nullptr) {
-  const Index Lq = Q.rows(), Lk = K.rows();
-  MatrixA<A> O(Lq, s.n_q * s.d_v);
-  MatrixA<A> scores(Lq, Lk);
-  for (Index h = 0; h < s.n_q; ++h) {
-    const Index kh = h * s.n_k / s.n_q;
-    const Index vh = h * (s.n_v ? s.n_v : s.n_k) / s.n_q;
-    scores.noalias() = Q.middleCols(h * s.d_qk, s.d_qk) * K.middleCols(kh * s.d_qk, s.d_qk).transpose();
-    if (Qr && Kr) scores.noalias() += Qr->middleCols(h * s.d_rope, s.d_rope) * Kr->transpose();
-    scores *= A(s.scale);
-    for (Index i = 0; i < Lq; ++i) {
-      const Index visible = s.causal ? std::min(Lk, s.first_query_position + i + 1) : Lk;
-      auto row = scores.row(i);
-      const A top = row.head(visible).maxCoeff();
-      row.head(visible) = (row.head(visible).array() - top).exp();
-      row.tail(Lk - visible).setZero();
-      row /= row.head(visible).sum();
-    }
-    O.middleCols(h * s.d_v, s.d_v).noalias() = scores * V.middleCols(vh * s.d_v, s.d_v);
-  }
+  using bd::detail::message;
+  const Index n_v = s.n_v ? s.n_v : s.n_k, d_rope = Qr && Kr ? s.d_rope : 0;
+  if (K.rows() == 0)
+    throw ShapeError("attention over an empty context: there is no key to attend to (give at least one key/value token)");
+  if (s.n_q % s.n_k || s.n_q % n_v || Q.cols() != s.n_q * s.d_qk || K.cols() != s.n_k * s.d_qk ||
+      V.cols() != n_v * s.d_v || V.rows() != K.rows() ||
+      (d_rope && (Qr->rows() != Q.rows() || Qr->cols() != s.n_q * d_rope || Kr->rows() != K.rows() || Kr->cols() != d_rope)))
+    throw ShapeError(message("attend: Q ", Q.rows(), "x", Q.cols(), ", K ", K.rows(), "x", K.cols(), ", V ", V.rows(), "x",
+                             V.cols(), " do not fit ", s.n_q, "/", s.n_k, "/", n_v, " heads of ", s.d_qk, " and ", s.d_v));
+  MatrixA<A> O(Q.rows(), s.n_q * s.d_v);
+  bd::kernel::AttentionArguments<A> a;
+  a.q_len = Q.rows(), a.k_len = K.rows();
+  a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = n_v;
+  a.d_qk = s.d_qk, a.d_rope = d_rope, a.d_v = s.d_v;
+  a.q = Q.data(), a.ldq = Q.outerStride();
+  a.k = K.data(), a.ldk = K.outerStride();
+  a.v = V.data(), a.ldv = V.outerStride();
+  if (d_rope) a.qr = Qr->data(), a.ldqr = Qr->outerStride(), a.kr = Kr->data(), a.ldkr = Kr->outerStride();
+  a.out = O.data(), a.ldo = O.outerStride();
+  a.scale = A(s.scale);
+  a.causal = s.causal;
+  a.first_query_position = s.first_query_position;
+  bd::kernel::flash_attention(a);
   return O;
 }
 
@@ -110,7 +119,17 @@ public:
   auto values() const { return V_.topRows(length_); }
   auto rope_keys() const { return Kr_.topRows(length_); }
 
-  void append(const MatrixA<A>& k, const MatrixA<A>& v, const MatrixA<A>& kr) {
+  /// Appends tokens' keys, values and RoPE keys (one row each); a cache holding another layer
+  /// shape's entries, or row counts that differ, are refused.
+  void append(const ConstRef<A>& k, const ConstRef<A>& v, const ConstRef<A>& kr) {
+    using bd::detail::message;
+    if (v.rows() != k.rows() || kr.rows() != k.rows())
+      throw ShapeError(message("KVCache::append: ", k.rows(), " keys, ", v.rows(), " values and ", kr.rows(),
+                               " RoPE keys: one row per token in each"));
+    if (length_ > 0 && (k.cols() != K_.cols() || v.cols() != V_.cols() || kr.cols() != Kr_.cols()))
+      throw ShapeError(message("KVCache: the cache holds keys of width ", K_.cols(), ", values of ", V_.cols(),
+                               " and RoPE keys of ", Kr_.cols(), "; this layer gives ", k.cols(), ", ", v.cols(), " and ",
+                               kr.cols(), " (a cache from another layer shape?)"));
     const Index add = k.rows();
     reserve(length_ + add, k.cols(), v.cols(), kr.cols());
     K_.middleRows(length_, add) = k;
@@ -121,7 +140,7 @@ public:
 
 private:
   void reserve(Index rows, Index kc, Index vc, Index rc) {
-    if (rows <= K_.rows() && K_.cols() == kc) return;
+    if (rows <= K_.rows() && K_.cols() == kc && V_.cols() == vc && Kr_.cols() == rc) return;
     const Index capacity = std::max<Index>(rows, 2 * K_.rows());
     auto grow = [&](MatrixA<A>& m, Index cols) {
       MatrixA<A> bigger(capacity, cols);

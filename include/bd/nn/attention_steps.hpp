@@ -1,33 +1,33 @@
 // bd/nn/attention_steps.hpp — the steps dense and BD attention share around their projections:
-// checking inputs, the key/value source (the MLA latent), the decoupled RoPE keys, and the
-// softmax over heads with the decoupled RoPE scores added.
+// a projection on the kernel, checking inputs, the key/value source (the MLA latent), the query
+// source (query LoRA), the decoupled RoPE keys and queries, and the softmax over heads.
 #pragma once
-
-#include <type_traits>
 
 #include <Eigen/Core>
 
 #include "bd/core/error.hpp"
+#include "bd/kernel/matmul.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"
 #include "bd/nn/latent_cache.hpp"
 
 namespace bd::nn::detail {
 
-/// m as the arithmetic type A: the matrix itself when it is stored in A (no copy of a weight
-/// per call), otherwise a cast expression that the product evaluates.
-template <typename A, typename S>
-decltype(auto) widen(const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& m) {
-  if constexpr (std::is_same_v<A, S>) {
-    return (m);
-  } else {
-    return m.template cast<A>();
-  }
-}
+template <typename S>
+using StoredMatrix = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
+template <typename S>
+using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
 
+/// x·W + b on the dispatched kernel (W stored in S, converted while packed; b empty: none).
 template <typename A, typename S>
-void add_bias(MatrixA<A>& m, const Eigen::Matrix<S, Eigen::Dynamic, 1>& b) {
-  if (b.size()) m.rowwise() += b.template cast<A>().transpose();
+MatrixA<A> project(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b = {}) {
+  if (x.cols() != W.rows())
+    throw ShapeError(bd::detail::message("projection: input has ", x.cols(), " columns, the weight ", W.rows(), " rows"));
+  MatrixA<A> y(x.rows(), W.cols());
+  const Eigen::Matrix<A, Eigen::Dynamic, 1> bias = b.template cast<A>();
+  bd::kernel::linear_into<A, S>(x.data(), x.outerStride(), x.rows(), x.cols(), W.data(), W.outerStride(), false, W.cols(),
+                                b.size() ? bias.data() : nullptr, y.data(), y.outerStride());
+  return y;
 }
 
 inline void require_attention_inputs(Index d_q, Index d_kv_in, Index x_cols, Index x_kv_cols) {
@@ -36,20 +36,23 @@ inline void require_attention_inputs(Index d_q, Index d_kv_in, Index x_cols, Ind
     throw ShapeError(message("attention key/value input has ", x_kv_cols, " columns, expected ", d_kv_in));
 }
 
-/// z, the matrix the key/value projections read: x_kv, or RMSNorm(x_kv·W_dkv)·g for MLA.
+/// RMSNorm(x·W)·g, or x·W without a gain: the MLA latent and the query LoRA.
 template <typename A, typename S>
-MatrixA<A> kv_source(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& x_kv) {
-  if (!w.W_dkv.size()) return x_kv;
-  MatrixA<A> latent = x_kv * widen<A>(w.W_dkv);
-  return w.kv_norm.size() ? rms_norm<A>(latent, w.kv_norm.template cast<A>(), c.norm_eps) : latent;
+MatrixA<A> normed_projection(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& gain, double eps) {
+  MatrixA<A> p = project<A, S>(x, W);
+  return gain.size() ? rms_norm<A>(p, gain.template cast<A>(), eps) : p;
 }
 
-/// The query source x_q: x, or RMSNorm(x·W_qa)·g_q with a query LoRA.
+/// The latent RMSNorm(x_kv·W_dkv)·g that an MLA layer's keys and values read (W_dkv set).
 template <typename A, typename S>
-MatrixA<A> q_source(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& x) {
-  if (!w.W_qa.size()) return x;
-  MatrixA<A> q = x * widen<A>(w.W_qa);
-  return w.q_norm.size() ? rms_norm<A>(q, w.q_norm.template cast<A>(), c.norm_eps) : q;
+MatrixA<A> latent(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_kv) {
+  return normed_projection<A, S>(x_kv, w.W_dkv, w.kv_norm, c.norm_eps);
+}
+
+/// The query LoRA's RMSNorm(x·W_qa)·g_q (W_qa set).
+template <typename A, typename S>
+MatrixA<A> lora_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x) {
+  return normed_projection<A, S>(x, w.W_qa, w.q_norm, c.norm_eps);
 }
 
 /// Width of the query input x: W_qa's rows with a query LoRA, else Wq's.
@@ -60,43 +63,40 @@ Index query_input_dim(const AttentionWeights<S>& w) {
 
 /// The decoupled RoPE keys shared by all heads (MLA), rotated; empty without decoupled RoPE.
 template <typename A, typename S>
-MatrixA<A> rope_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& x_kv, Index first_position) {
+MatrixA<A> rope_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_kv, Index first_position) {
   if (c.rope_dim == 0) return MatrixA<A>(x_kv.rows(), 0);
-  MatrixA<A> kr = x_kv * widen<A>(w.Wk_rope);
+  MatrixA<A> kr = project<A, S>(x_kv, w.Wk_rope);
   apply_rope(kr, 1, c.rope_dim, c.rope_dim_theta, first_position);
   return kr;
 }
 
 /// The rotated decoupled RoPE queries rope(x_q·Wq_rope) (L × n_q·rope_dim); empty without.
 template <typename A, typename S>
-MatrixA<A> rope_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& xq, Index first_position) {
+MatrixA<A> rope_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position) {
   if (c.rope_dim == 0) return MatrixA<A>(xq.rows(), 0);
-  MatrixA<A> qr = xq * widen<A>(w.Wq_rope);
+  MatrixA<A> qr = project<A, S>(xq, w.Wq_rope);
   apply_rope(qr, c.n_q, c.rope_dim, c.rope_dim_theta, first_position);
   return qr;
 }
 
-/// O = softmax(Q_h·K_hᵀ·scale [+ rope(x_q·Wq_rope)_h·Krᵀ·scale])·V_h for every query head; K
-/// has n_k heads and V n_v heads (n_kv for the dense layer, n_q for BD's K'/V'); xq is the
-/// query source (q_source).
-template <typename A, typename S>
-MatrixA<A> attend_heads(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& xq, const ConstRef<A>& Q,
-                        const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& Kr, Index n_k, Index n_v,
+/// O = softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale])·V_h for every query head (d_qk and d_v wide;
+/// the layer's own widths, or the latent's for absorbed MLA); K has n_k heads and V n_v.
+template <typename A>
+MatrixA<A> attend_heads(const AttentionConfig& c, const ConstRef<A>& Q, const ConstRef<A>& Qr, const ConstRef<A>& K,
+                        const ConstRef<A>& V, const ConstRef<A>& Kr, Index n_k, Index n_v, Index d_qk, Index d_v,
                         Index first_position) {
   AttendSpec spec;
   spec.n_q = c.n_q;
   spec.n_k = n_k;
   spec.n_v = n_v;
-  spec.d_qk = c.head_dim;
-  spec.d_v = c.value_dim();
+  spec.d_qk = d_qk;
+  spec.d_v = d_v;
   spec.d_rope = c.rope_dim;
   spec.scale = c.softmax_scale();
   spec.causal = c.causal;
   spec.first_query_position = first_position;
   if (c.rope_dim == 0) return attend<A>(Q, K, V, spec);
-  const MatrixA<A> qr = rope_queries<A>(c, w, xq, first_position);
-  const ConstRef<A> qr_ref(qr);
-  return attend<A>(Q, K, V, spec, &qr_ref, &Kr);
+  return attend<A>(Q, K, V, spec, &Qr, &Kr);
 }
 
 /// Absorbed decoding needs keys and values read from a latent (MLA) with no vanilla RoPE on
@@ -112,30 +112,9 @@ void require_latent_layer(const AttentionConfig& c, const AttentionWeights<S>& w
 
 /// Appends x_new's latents and rotated RoPE keys to the cache (positions start…).
 template <typename A, typename S>
-void append_latent(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& x_new, LatentCache<A>& cache) {
+void append_latent(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_new, LatentCache<A>& cache) {
   const Index start = cache.length();
-  cache.append(kv_source<A>(c, w, x_new), rope_keys<A>(c, w, x_new, start));
-}
-
-/// Absorbed MLA attention over the latent cache: Õ_h = softmax(Q̃_h·cᵀ·scale + Qr_h·Krᵀ·scale)·c,
-/// with Q̃ (L × n_q·d_c) the queries already mapped into the latent — multi-query attention
-/// with one shared latent head as key and value. Returns L × n_q·d_c.
-template <typename A, typename S>
-MatrixA<A> attend_latent(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& xq, const MatrixA<A>& Qt,
-                         const LatentCache<A>& cache, Index first_position) {
-  AttendSpec spec;
-  spec.n_q = c.n_q;
-  spec.n_k = spec.n_v = 1;
-  spec.d_qk = spec.d_v = cache.latent_dim();
-  spec.d_rope = c.rope_dim;
-  spec.scale = c.softmax_scale();
-  spec.causal = c.causal;
-  spec.first_query_position = first_position;
-  const ConstRef<A> C(cache.latent());
-  if (c.rope_dim == 0) return attend<A>(Qt, C, C, spec);
-  const MatrixA<A> qr = rope_queries<A>(c, w, xq, first_position);
-  const ConstRef<A> qr_ref(qr), kr_ref(cache.rope_keys());
-  return attend<A>(Qt, C, C, spec, &qr_ref, &kr_ref);
+  cache.append(latent<A, S>(c, w, x_new), rope_keys<A, S>(c, w, x_new, start));
 }
 
 }  // namespace bd::nn::detail

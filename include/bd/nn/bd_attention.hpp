@@ -32,9 +32,12 @@
 
 #include "bd/core/decompose.hpp"
 #include "bd/core/error.hpp"
+#include "bd/kernel/gemm.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"
+#include "bd/nn/attention_layer.hpp"
 #include "bd/nn/attention_steps.hpp"
+#include "bd/nn/dense_projections.hpp"
 #include "bd/nn/cost_model.hpp"
 #include "bd/nn/multi_head_attention.hpp"
 #include "bd/nn/projection.hpp"
@@ -84,11 +87,12 @@ struct BDWeights {
 };
 
 template <typename S = float>
-class BDAttention {
+class BDAttention : public AttentionLayer<BDAttention<S>, acc_t<S>> {
 public:
   using Scalar = S;
   using A = acc_t<S>;
   using Matrix = MatrixA<A>;
+  using Input = Eigen::Ref<const Matrix>;
   using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
   using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
   using Cache = KVCache<A>;
@@ -111,7 +115,8 @@ public:
           "BD on QK is not exact under RoPE: rotary embeddings rotate q and k by position, and "
           "Wq·R(n−m)·Wkᵀ is not B·R(n−m)·[I, C]; use mode vo (exact under RoPE), or force to accept the error"));
 
-    out.cost_ = attention_cost(AttentionShape::of(c, w), opts.mode);
+    out.shape_ = AttentionShape::of(c, w);
+    out.cost_ = attention_cost(out.shape_, opts.mode);
     if (!out.cost_.worthwhile()) {
       const std::string why = bd::detail::message(
           out.cost_.describe(), ". With n_q/n_kv = ", c.group(), " query heads per key/value head, K'/V' need ", c.n_q,
@@ -187,6 +192,15 @@ public:
                                                                 " rows) and Wo are needed"));
     }
     out.d_kv_in_ = rest.W_dkv.size() ? rest.W_dkv.rows() : d_kv;
+    AttentionShape& shape = out.shape_;
+    shape.config = config;
+    shape.d_q = has_qk(mode) ? bd.qk_basis.rows() : rest.Wq.rows();
+    shape.d_kv = d_kv;
+    shape.d_out = has_vo(mode) ? bd.vo_basis.cols() : rest.Wo.cols();
+    shape.latent = rest.W_dkv.size() != 0;
+    shape.d_model_kv = out.d_kv_in_;
+    shape.d_model_q = out.d_q_;
+    out.cost_ = attention_cost(shape, mode);
     out.dense_ = std::move(rest);
     out.Bq_ = std::move(bd.qk_basis);
     out.Ck_ = std::move(bd.qk_coeff);
@@ -227,126 +241,89 @@ public:
            (has_vo(mode_) ? Cv_.size() + Bo_.size() : d.Wv.size() + d.Wo.size());
   }
 
-  Matrix forward(const Matrix& x) const { return forward(x, x); }
-
-  Matrix forward(const Matrix& x, const Matrix& x_kv) const {
-    require_inputs(x, x_kv);
-    const Projected p = project_kv(x_kv, 0);
-    return attend_and_output(x, p.K, p.V, p.Kr, 0);
-  }
-
-  /// Self-attention decoding with K'/V' cached; equal to forward() on the whole sequence.
-  Matrix decode(const Matrix& x_new, Cache& cache) const {
-    require_inputs(x_new, x_new);
-    const Index start = cache.length();
-    const Projected p = project_kv(x_new, start);
-    cache.append(p.K, p.V, p.Kr);
-    return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start);
-  }
-
-  /// MLA prefill or chunked prefill (Algorithm 2 over the cached latent): appends x_new's
-  /// latents and attends to the whole context. Equal to forward() on the whole sequence.
-  Matrix prefill(const Matrix& x_new, Latent& cache) const {
-    detail::require_latent_layer(config_, dense_, "prefill over a latent cache");
-    require_inputs(x_new, x_new);
-    const Index start = cache.length();
-    detail::append_latent<A>(config_, dense_, x_new, cache);
-    const Matrix z = cache.latent();
-    const Projected p = keys_values(z, 0);  // keys of the whole context, positions 0…
-    return attend_and_output(x_new, p.K, p.V, cache.rope_keys(), start);
-  }
-
-  /// MLA decoding absorbed (see the file comment): only the latent cache is read.
-  Matrix decode_absorbed(const Matrix& x_new, Latent& cache) const {
-    detail::require_latent_layer(config_, dense_, "absorbed decoding");
-    require_inputs(x_new, x_new);
-    const AttentionConfig& c = config_;
-    const Index start = cache.length(), L = x_new.rows(), dh = c.head_dim, dv = c.value_dim();
-    detail::append_latent<A>(c, dense_, x_new, cache);
-    const Index dc = cache.latent_dim();
-    const Matrix xq = detail::q_source<A>(c, dense_, x_new);
-    Matrix Qt(L, c.n_q * dc);
-    if (has_qk(mode_)) {
-      Matrix Qb = xq * widen(Bq_);
-      add_bias(Qb, beta_);
-      const auto& Ck = widen(Ck_);
-      for (Index h = 0; h < c.n_q; ++h) {
-        const auto q = Qb.middleCols(h * dh, dh);
-        const Matrix rest = q * Ck.middleCols(h * dh, dh).transpose();  // L × (d_c − d_h)
-        scatter_head(Qt.middleCols(h * dc, dc), qk_idx_, h, q, rest);
-      }
-    } else {
-      Matrix Q = xq * widen(dense_.Wq);
-      add_bias(Q, dense_.bq);
-      const auto& Wk = widen(dense_.Wk);
-      for (Index h = 0; h < c.n_q; ++h)
-        Qt.middleCols(h * dc, dc).noalias() = Q.middleCols(h * dh, dh) * Wk.middleCols((h / c.group()) * dh, dh).transpose();
-    }
-    const Matrix Ot = detail::attend_latent<A>(c, dense_, xq, Qt, cache, start);
-    Matrix O(L, c.n_q * dv);
-    if (has_vo(mode_)) {
-      const auto& Cv = widen(Cv_);
-      for (Index h = 0; h < c.n_q; ++h)
-        gather_head(O.middleCols(h * dv, dv), vo_idx_, h, Ot.middleCols(h * dc, dc), Cv.middleCols(h * dv, dv));
-      Matrix y = O * widen(Bo_);
-      add_bias(y, bo_);
-      return y;
-    }
-    const auto& Wv = widen(dense_.Wv);
-    for (Index h = 0; h < c.n_q; ++h) {
-      const Index g = h / c.group();
-      O.middleCols(h * dv, dv).noalias() = Ot.middleCols(h * dc, dc) * Wv.middleCols(g * dv, dv);
-      if (dense_.bv.size()) O.middleCols(h * dv, dv).rowwise() += dense_.bv.segment(g * dv, dv).template cast<A>().transpose();
-    }
-    Matrix y = O * widen(dense_.Wo);
-    add_bias(y, dense_.bo);
-    return y;
-  }
-
-private:
-  struct Projected {
-    Matrix K, V, Kr;
-  };
-
-  /// q̃[S_h] = q, q̃[R_h] = rest (R_h ascending): two block copies for a shared window.
-  template <typename Out, typename Q, typename Rest>
-  static void scatter_head(Out qt, const HeadIndices& idx, Index h, const Q& q, const Rest& rest) {
-    const Index d = idx.head_dim;
-    if (idx.shared) {
-      const Index o = idx.offset, after = qt.cols() - o - d;
-      qt.middleCols(o, d) = q;
-      qt.leftCols(o) = rest.leftCols(o);
-      qt.rightCols(after) = rest.rightCols(after);
-      return;
-    }
-    const auto& basis = idx.basis[static_cast<std::size_t>(h)];
-    const auto& others = idx.rest[static_cast<std::size_t>(h)];
-    for (Index k = 0; k < d; ++k) qt.col(basis[static_cast<std::size_t>(k)]) = q.col(k);
-    for (std::size_t k = 0; k < others.size(); ++k) qt.col(others[k]) = rest.col(static_cast<Index>(k));
-  }
-
-  /// o = õ[S_h] + õ[R_h]·C_h (R_h ascending): no gather for a shared window.
-  template <typename Out, typename In, typename Coeff>
-  static void gather_head(Out o, const HeadIndices& idx, Index h, const In& ot, const Coeff& C) {
-    const Index d = idx.head_dim;
-    if (idx.shared) {
-      const Index off = idx.offset, after = ot.cols() - off - d;
-      o = ot.middleCols(off, d);
-      o.noalias() += ot.leftCols(off) * C.topRows(off);
-      o.noalias() += ot.rightCols(after) * C.bottomRows(after);
-      return;
-    }
-    o = ot(Eigen::all, idx.basis[static_cast<std::size_t>(h)]);
-    o.noalias() += Matrix(ot(Eigen::all, idx.rest[static_cast<std::size_t>(h)])) * C;
-  }
-
-  static decltype(auto) widen(const Stored& m) { return detail::widen<A>(m); }
-  static void add_bias(Matrix& m, const StoredVector& b) { detail::add_bias<A>(m, b); }
   Index input_dim() const { return d_q_; }
   Index kv_input_dim() const { return d_kv_in_; }
 
-  void require_inputs(const Matrix& x, const Matrix& x_kv) const {
-    detail::require_attention_inputs(input_dim(), kv_input_dim(), x.cols(), x_kv.cols());
+private:
+  friend class AttentionLayer<BDAttention<S>, A>;
+
+  // The projection policy (attention_layer.hpp): the decomposed families through their basis and
+  // coefficients, the others dense (dense_projections.hpp) from the weights BD left alone.
+  const AttentionWeights<S>& shared_weights() const { return dense_; }
+  const AttentionShape& layer_shape() const { return shape_; }
+  Mode cost_mode() const { return mode_; }
+  bool decomposed() const { return true; }
+
+  Matrix queries(const Input& xq, Index first) const {
+    if (!has_qk(mode_)) return detail::dense_queries<A>(config_, dense_, xq, first);
+    Matrix Q = detail::project<A, S>(xq, Bq_, beta_);  // Q' = x·B + β
+    if (config_.rope_theta > 0) apply_rope(Q, config_.n_q, config_.head_dim, config_.rope_theta, first);  // forced
+    return Q;
+  }
+
+  Matrix keys(const Input& z, Index first) const {
+    if (!has_qk(mode_)) return detail::dense_keys<A>(config_, dense_, z, first);
+    Matrix K = bd_project<A>(z, qk_idx_, Ck_);  // K'_h = z[S_h] + z[R_h]·C_hᵀ
+    if (config_.rope_theta > 0) apply_rope(K, config_.n_q, config_.head_dim, config_.rope_theta, first);  // forced
+    return K;
+  }
+
+  Matrix values(const Input& z) const {
+    if (!has_vo(mode_)) return detail::dense_values<A>(dense_, z);
+    return bd_project<A>(z, vo_idx_, Cv_);  // V'_h = z[S_h] + z[R_h]·C_h
+  }
+
+  Matrix output(const Input& O) const {
+    if (!has_vo(mode_)) return detail::dense_output<A>(dense_, O);
+    return detail::project<A, S>(O, Bo_, bo_);  // y = O'·B_vo + bo'
+  }
+
+  /// Q̃_h[S_h] = q'_h, Q̃_h[R_h] = q'_h·C_hᵀ: per head one product with Ck_h read transposed in
+  /// place, its columns written to R_h's places in Q̃_h, and a copy of q'_h to S_h's.
+  Matrix absorb_queries(const Matrix& Q) const {
+    if (!has_qk(mode_)) return detail::dense_absorb_queries<A>(config_, dense_, Q);
+    const Index L = Q.rows(), dh = config_.head_dim, dc = qk_idx_.input_dim;
+    Matrix Qt(L, config_.n_q * dc);
+    std::vector<Index> columns(static_cast<std::size_t>(dc - dh));
+    for (Index h = 0; h < config_.n_q; ++h) {
+      const auto& basis = qk_idx_.basis[static_cast<std::size_t>(qk_idx_.shared ? 0 : h)];
+      const auto& rest = qk_idx_.rest[static_cast<std::size_t>(qk_idx_.shared ? 0 : h)];
+      for (std::size_t k = 0; k < basis.size(); ++k) Qt.col(h * dc + basis[k]) = Q.col(h * dh + Index(k));
+      for (std::size_t k = 0; k < rest.size(); ++k) columns[k] = h * dc + rest[k];
+      bd::kernel::GemmArguments<A, S> args;
+      const std::vector<Index> channels = bd::detail::contiguous(h * dh, dh);
+      args.rows = L;
+      args.x = Q.data(), args.ldx = Q.outerStride();
+      args.b = Ck_.data() + h * dh * Ck_.outerStride(), args.ldb = Ck_.outerStride(), args.b_row_major = true;
+      args.out = Qt.data(), args.ldo = Qt.outerStride(), args.out_columns = columns.data();
+      args.segments.push_back({channels.data(), dh, 0, dc - dh});
+      bd::kernel::gemm(args);
+    }
+    return Qt;
+  }
+
+  /// O_h = Õ_h[S_h] + Õ_h[R_h]·C_h for every head in one product: head h's columns are a segment
+  /// reading Õ's channels h·d_c + R_h and starting from h·d_c + S_h (bd_project's form).
+  Matrix absorb_values(const Matrix& Ot) const {
+    if (!has_vo(mode_)) return detail::dense_absorb_values<A>(config_, dense_, Ot);
+    const Index dv = config_.value_dim(), dc = vo_idx_.input_dim, n = config_.n_q, r = dc - dv;
+    Matrix O(Ot.rows(), n * dv);
+    std::vector<Index> channels(static_cast<std::size_t>(n * r)), init(static_cast<std::size_t>(n * dv));
+    bd::kernel::GemmArguments<A, S> args;
+    for (Index h = 0; h < n; ++h) {
+      const auto& basis = vo_idx_.basis[static_cast<std::size_t>(vo_idx_.shared ? 0 : h)];
+      const auto& rest = vo_idx_.rest[static_cast<std::size_t>(vo_idx_.shared ? 0 : h)];
+      for (Index k = 0; k < r; ++k) channels[static_cast<std::size_t>(h * r + k)] = h * dc + rest[static_cast<std::size_t>(k)];
+      for (Index j = 0; j < dv; ++j) init[static_cast<std::size_t>(h * dv + j)] = h * dc + basis[static_cast<std::size_t>(j)];
+      args.segments.push_back({channels.data() + h * r, r, h * dv, dv});
+    }
+    args.rows = Ot.rows();
+    args.x = Ot.data(), args.ldx = Ot.outerStride();
+    args.b = Cv_.data(), args.ldb = Cv_.outerStride();
+    args.out = O.data(), args.ldo = O.outerStride();
+    args.init_channels = init.data();
+    bd::kernel::gemm(args);
+    return O;
   }
 
   static ProductReport summarise(const SharedDecomposition<S>& set) {
@@ -419,60 +396,6 @@ private:
     }
   }
 
-  Projected project_kv(const Matrix& x_kv, Index first_position) const {
-    Projected p = keys_values(detail::kv_source<A>(config_, dense_, x_kv), first_position);
-    p.Kr = detail::rope_keys<A>(config_, dense_, x_kv, first_position);
-    return p;
-  }
-
-  /// K' (or K) and V' (or V) from z, the key/value source.
-  Projected keys_values(const Matrix& z, Index first_position) const {
-    const AttentionConfig& c = config_;
-    Projected p;
-    if (has_qk(mode_)) {
-      p.K = bd_project<A>(z, qk_idx_, Ck_);
-      if (c.rope_theta > 0) apply_rope(p.K, c.n_q, c.head_dim, c.rope_theta, first_position);  // forced
-    } else {
-      p.K = z * widen(dense_.Wk);
-      add_bias(p.K, dense_.bk);
-      if (c.rope_theta > 0) apply_rope(p.K, c.n_kv, c.head_dim, c.rope_theta, first_position);
-    }
-    if (has_vo(mode_)) {
-      p.V = bd_project<A>(z, vo_idx_, Cv_);
-    } else {
-      p.V = z * widen(dense_.Wv);
-      add_bias(p.V, dense_.bv);
-    }
-    return p;
-  }
-
-  Matrix attend_and_output(const Matrix& x, const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& Kr,
-                           Index first_position) const {
-    const AttentionConfig& c = config_;
-    const Matrix xq = detail::q_source<A>(c, dense_, x);
-    Matrix Q;
-    if (has_qk(mode_)) {
-      Q = xq * widen(Bq_);
-      add_bias(Q, beta_);
-      if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, first_position);  // forced
-    } else {
-      Q = xq * widen(dense_.Wq);
-      add_bias(Q, dense_.bq);
-      if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, first_position);
-    }
-    const Matrix O = detail::attend_heads<A>(c, dense_, xq, Q, K, V, Kr, has_qk(mode_) ? c.n_q : c.n_kv,
-                                             has_vo(mode_) ? c.n_q : c.n_kv, first_position);
-    Matrix y;
-    if (has_vo(mode_)) {
-      y = O * widen(Bo_);
-      add_bias(y, bo_);
-    } else {
-      y = O * widen(dense_.Wo);
-      add_bias(y, dense_.bo);
-    }
-    return y;
-  }
-
   AttentionConfig config_;
   Mode mode_ = Mode::QKVO;
   Index d_q_ = 0, d_kv_in_ = 0;
@@ -481,6 +404,7 @@ private:
   StoredVector beta_, bo_;
   HeadIndices qk_idx_, vo_idx_;
   ProductReport qk_report_, vo_report_;
+  AttentionShape shape_;
   CostComparison cost_;
   std::vector<std::string> warnings_;
 };

@@ -157,4 +157,37 @@ inline MLACost mla_cost(const AttentionShape& s, Mode mode) {
   return m;
 }
 
+/// How a chunk of new tokens is served from an MLA latent cache: K/V (K'/V' for BD) recomputed
+/// from the cached latent for the whole context, or absorbed (queries mapped into the latent).
+enum class PrefillPath { automatic, recompute, absorbed };
+
+inline const char* to_string(PrefillPath p) {
+  return p == PrefillPath::recompute ? "recompute" : p == PrefillPath::absorbed ? "absorbed" : "automatic";
+}
+
+/// The cheaper path for `chunk` new tokens over `context` cached ones (the chunk included), and
+/// both estimates: the FLOPs in which the paths differ. Recomputing costs the K/V up-projection
+/// of every context token and attention at the heads' widths (d_h + d_rope, d_v); absorbing costs
+/// the maps into and out of the latent per new token and attention at the latent's width
+/// (d_c + d_rope, d_c). Long chunks over short contexts recompute, short chunks absorb.
+struct ChunkPlan {
+  PrefillPath path = PrefillPath::recompute;
+  double recompute_flops = 0, absorbed_flops = 0;
+};
+
+inline ChunkPlan chunk_plan(const AttentionShape& s, Mode mode, bool decomposed, Index chunk, Index context) {
+  const AttentionConfig& c = s.config;
+  const CostComparison per = attention_cost(s, mode);
+  const AttentionCost& own = decomposed ? per.bd : per.dense;
+  const MLACost m = mla_cost(s, mode);
+  const double common = per.dense.q_flops + per.dense.o_flops + per.dense.other_flops;
+  const double absorb = (decomposed ? m.decode_bd : m.decode_dense) - common;
+  const double L = double(chunk), T = double(context), n = double(c.n_q), dr = double(c.rope_dim), dc = double(s.d_kv);
+  ChunkPlan p;
+  p.recompute_flops = T * (own.k_flops + own.v_flops) + L * T * n * 2.0 * (double(c.head_dim) + dr + double(c.value_dim()));
+  p.absorbed_flops = L * absorb + L * T * n * 2.0 * (2.0 * dc + dr);
+  p.path = p.absorbed_flops < p.recompute_flops ? PrefillPath::absorbed : PrefillPath::recompute;
+  return p;
+}
+
 }  // namespace bd::nn

@@ -1,6 +1,8 @@
 // bd/nn/llama.hpp — a LLaMA-architecture decoder (RMSNorm, RoPE attention with GQA, SwiGLU
 // MLP), with the attention layer as a template parameter: the dense MultiHeadAttention or BD's
-// BDAttention. Weights are stored in S, arithmetic runs in acc_t<S>.
+// BDAttention. Weights are stored in S, arithmetic runs in acc_t<S>; every product is on the
+// dispatched kernel (attention through attention_layer.hpp, the MLP and the head through
+// detail::project).
 //
 //   h = E[tokens];  h += attn(rms(h)·g₁);  h += W_down·(silu(W_gate·x) ⊙ W_up·x), x = rms(h)·g₂
 //   logits = rms(h)·g_f · W_lm
@@ -15,6 +17,7 @@
 #include "bd/core/error.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/nn/attention_core.hpp"
+#include "bd/nn/attention_steps.hpp"
 #include "bd/nn/bd_attention.hpp"
 #include "bd/nn/multi_head_attention.hpp"
 
@@ -62,12 +65,12 @@ public:
     for (const Layer& layer : layers) {
       h += layer.attention.forward(norm(h, layer.attn_norm));
       const Matrix x = norm(h, layer.mlp_norm);
-      const Matrix gate = x * layer.gate.template cast<A>();
-      const Matrix up = x * layer.up.template cast<A>();
+      const Matrix gate = detail::project<A, S>(x, layer.gate);
+      const Matrix up = detail::project<A, S>(x, layer.up);
       const Matrix act = (gate.array() / (A(1) + (-gate.array()).exp()) * up.array()).matrix();  // silu(g)·u
-      h += act * layer.down.template cast<A>();
+      h += detail::project<A, S>(act, layer.down);
     }
-    return norm(h, final_norm) * lm_head.template cast<A>();
+    return detail::project<A, S>(norm(h, final_norm), lm_head);
   }
 
   /// The same model with every weight rounded once to T (attention stays dense).

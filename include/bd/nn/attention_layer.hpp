@@ -1,0 +1,128 @@
+// bd/nn/attention_layer.hpp — the attention algorithm, written once for dense and BD layers:
+// self- and cross-attention, KV-cache decoding, and MLA over a latent cache (prefill, chunked
+// prefill, absorbed decoding). What differs between the layers — how q, k, v and the output are
+// projected, and absorbed MLA's maps into and out of the latent — is the projection policy that
+// the derived class supplies (CRTP; MultiHeadAttention: dense_projections.hpp, BDAttention: the
+// basis and coefficients):
+//
+//   queries(x_q, p)       Q (L × n_q·d_h), bias and RoPE applied, positions from p
+//   keys(z, p)            K (L × key_heads()·d_h);  values(z): V (L × value_heads()·d_v)
+//   output(O)             y (L × d_out)
+//   absorb_queries(Q)     Q̃ (L × n_q·d_c), Q̃_h·cᵀ = Q_h·K_hᵀ for every latent c
+//   absorb_values(Õ)      O (L × n_q·d_v) from Õ_h = P_h·c
+//   layer_shape(), cost_mode(), decomposed()   for the cost model's choice of a chunk's path
+//   config(), shared_weights(), input_dim(), kv_input_dim()
+//
+// z is what keys and values read: x_kv, or the MLA latent RMSNorm(x_kv·W_dkv)·g. Queries read
+// x_q: x, or RMSNorm(x·W_qa)·g_q with a query LoRA. Inputs are read in place (Eigen::Ref).
+#pragma once
+
+#include <Eigen/Core>
+
+#include "bd/core/error.hpp"
+#include "bd/nn/attention_config.hpp"
+#include "bd/nn/attention_core.hpp"
+#include "bd/nn/attention_steps.hpp"
+#include "bd/nn/cost_model.hpp"
+#include "bd/nn/latent_cache.hpp"
+
+namespace bd::nn {
+
+template <typename Derived, typename A>
+class AttentionLayer {
+public:
+  using Matrix = MatrixA<A>;
+  using Input = Eigen::Ref<const Matrix>;
+  using Cache = KVCache<A>;
+  using Latent = LatentCache<A>;
+
+  /// Self-attention over a whole sequence (positions 0..L−1).
+  Matrix forward(const Input& x) const { return forward(x, x); }
+
+  /// Cross-attention: queries from x, keys and values from x_kv.
+  Matrix forward(const Input& x, const Input& x_kv) const {
+    require_inputs(x, x_kv);
+    const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_kv) : Matrix();
+    const Input z = has_latent() ? Input(z_storage) : x_kv;
+    const Matrix K = self().keys(z, 0), V = self().values(z);
+    const Matrix Kr = detail::rope_keys<A>(config(), weights(), x_kv, 0);
+    return attend_and_output(x, K, V, Kr, 0);
+  }
+
+  /// Self-attention decoding: appends x_new's keys and values to the cache, attends to all of
+  /// them, returns the outputs of the new tokens. Equal to forward() on the whole sequence.
+  Matrix decode(const Input& x_new, Cache& cache) const {
+    require_inputs(x_new, x_new);
+    const Index start = cache.length();
+    const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_new) : Matrix();
+    const Input z = has_latent() ? Input(z_storage) : x_new;
+    cache.append(self().keys(z, start), self().values(z), detail::rope_keys<A>(config(), weights(), x_new, start));
+    return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start);
+  }
+
+  /// MLA prefill or chunked prefill: appends x_new's latents to the cache and attends to the
+  /// whole context, by the path `path` names; `automatic` takes the one the cost model says is
+  /// cheaper for this chunk and context (chunk_plan(): K/V recomputed from the latent, Algorithm
+  /// 2 for BD, or absorbed). Equal to forward() on the whole sequence either way.
+  Matrix prefill(const Input& x_new, Latent& cache, PrefillPath path = PrefillPath::automatic) const {
+    detail::require_latent_layer(config(), weights(), "prefill over a latent cache");
+    require_inputs(x_new, x_new);
+    if (path == PrefillPath::automatic) path = plan_chunk(x_new.rows(), cache.length() + x_new.rows()).path;
+    if (path == PrefillPath::absorbed) return decode_absorbed(x_new, cache);
+    const Index start = cache.length();
+    detail::append_latent<A>(config(), weights(), x_new, cache);
+    const Input z(cache.latent());
+    const Matrix K = self().keys(z, 0), V = self().values(z);  // the whole context, positions 0…
+    return attend_and_output(x_new, K, V, cache.rope_keys(), start);
+  }
+
+  /// The path prefill() takes for `chunk` new tokens when the cache will hold `context` tokens
+  /// (the chunk included), with both estimates.
+  ChunkPlan plan_chunk(Index chunk, Index context) const {
+    return chunk_plan(self().layer_shape(), self().cost_mode(), self().decomposed(), chunk, context);
+  }
+
+  /// MLA decoding absorbed (serving engines' way): only the latent cache is read. Queries are
+  /// mapped into the latent, Q̃_h·cᵀ = Q_h·K_hᵀ, every head attends to the one shared latent
+  /// (multi-query attention with c as key and value: one product for all heads), and Õ_h = P_h·c
+  /// is mapped out. Equal to prefill() and to forward() on the whole sequence.
+  Matrix decode_absorbed(const Input& x_new, Latent& cache) const {
+    detail::require_latent_layer(config(), weights(), "absorbed decoding");
+    require_inputs(x_new, x_new);
+    const AttentionConfig& c = config();
+    const Index start = cache.length();
+    detail::append_latent<A>(c, weights(), x_new, cache);
+    const Index dc = cache.latent_dim();
+    const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x_new) : Matrix();
+    const Input xq = has_lora() ? Input(xq_storage) : x_new;
+    const Matrix Qt = self().absorb_queries(self().queries(xq, start));
+    const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, start);
+    const Input C(cache.latent());
+    const Matrix Ot = detail::attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, start);
+    return self().output(self().absorb_values(Ot));
+  }
+
+private:
+  const Derived& self() const { return static_cast<const Derived&>(*this); }
+  const AttentionConfig& config() const { return self().config(); }
+  decltype(auto) weights() const { return self().shared_weights(); }
+  bool has_latent() const { return weights().W_dkv.size() != 0; }
+  bool has_lora() const { return weights().W_qa.size() != 0; }
+
+  void require_inputs(const Input& x, const Input& x_kv) const {
+    detail::require_attention_inputs(self().input_dim(), self().kv_input_dim(), x.cols(), x_kv.cols());
+  }
+
+  Matrix attend_and_output(const Input& x, const Input& K, const Input& V, const Input& Kr, Index first_position) const {
+    const AttentionConfig& c = config();
+    const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x) : Matrix();
+    const Input xq = has_lora() ? Input(xq_storage) : x;
+    const Matrix Q = self().queries(xq, first_position);
+    const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, first_position);
+    const Index n_k = K.cols() / c.head_dim, n_v = V.cols() / c.value_dim();
+    const Matrix O = detail::attend_heads<A>(c, Q, Qr, K, V, Kr, n_k, n_v, c.head_dim, c.value_dim(), first_position);
+    return self().output(O);
+  }
+};
+
+}  // namespace bd::nn

@@ -1,0 +1,73 @@
+// bd/nn/dense_projections.hpp — the dense projections of an attention layer, the policy of
+// MultiHeadAttention and of each product family BDAttention leaves dense (attention_layer.hpp
+// runs the rest). Every product is on the dispatched kernel, weights read where they lie in
+// their stored type.
+//
+//   Q = x_q·Wq + bq,  K = z·Wk + bk,  V = z·Wv + bv   (RoPE on Q and K when rope_theta > 0)
+//   y = O·Wo + bo
+// Absorbed MLA (z the latent c): Q̃_h = Q_h·Wk_gᵀ, O_h = Õ_h·Wv_g + bv_g (g = h / group). A key
+// bias adds a constant to each softmax row and drops out of both.
+#pragma once
+
+#include <Eigen/Core>
+
+#include "bd/kernel/matmul.hpp"
+#include "bd/nn/attention_config.hpp"
+#include "bd/nn/attention_core.hpp"
+#include "bd/nn/attention_steps.hpp"
+
+namespace bd::nn::detail {
+
+template <typename A, typename S>
+MatrixA<A> dense_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position) {
+  MatrixA<A> Q = project<A, S>(xq, w.Wq, w.bq);
+  if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, first_position);
+  return Q;
+}
+
+template <typename A, typename S>
+MatrixA<A> dense_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& z, Index first_position) {
+  MatrixA<A> K = project<A, S>(z, w.Wk, w.bk);
+  if (c.rope_theta > 0) apply_rope(K, c.n_kv, c.head_dim, c.rope_theta, first_position);
+  return K;
+}
+
+template <typename A, typename S>
+MatrixA<A> dense_values(const AttentionWeights<S>& w, const ConstRef<A>& z) {
+  return project<A, S>(z, w.Wv, w.bv);
+}
+
+template <typename A, typename S>
+MatrixA<A> dense_output(const AttentionWeights<S>& w, const ConstRef<A>& O) {
+  return project<A, S>(O, w.Wo, w.bo);
+}
+
+/// Q̃ (L × n_q·d_c): Q̃_h = Q_h·Wk_gᵀ, Wk_g read transposed in place.
+template <typename A, typename S>
+MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Q) {
+  const Index L = Q.rows(), dh = c.head_dim, dc = w.Wk.rows();
+  MatrixA<A> Qt(L, c.n_q * dc);
+  for (Index h = 0; h < c.n_q; ++h) {
+    const Index g = h / c.group();
+    bd::kernel::linear_into<A, S>(Q.data() + h * dh * L, L, L, dh, w.Wk.data() + g * dh * w.Wk.outerStride(),
+                                  w.Wk.outerStride(), true, dc, nullptr, Qt.data() + h * dc * L, L);
+  }
+  return Qt;
+}
+
+/// O (L × n_q·d_v): O_h = Õ_h·Wv_g + bv_g (softmax rows sum to one, so the bias passes through).
+template <typename A, typename S>
+MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Ot) {
+  const Index L = Ot.rows(), dv = c.value_dim(), dc = w.Wv.rows();
+  MatrixA<A> O(L, c.n_q * dv);
+  const Eigen::Matrix<A, Eigen::Dynamic, 1> bias = w.bv.template cast<A>();
+  for (Index h = 0; h < c.n_q; ++h) {
+    const Index g = h / c.group();
+    bd::kernel::linear_into<A, S>(Ot.data() + h * dc * L, L, L, dc, w.Wv.data() + g * dv * w.Wv.outerStride(),
+                                  w.Wv.outerStride(), false, dv, w.bv.size() ? bias.data() + g * dv : nullptr,
+                                  O.data() + h * dv * L, L);
+  }
+  return O;
+}
+
+}  // namespace bd::nn::detail
