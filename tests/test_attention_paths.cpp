@@ -168,3 +168,27 @@ TEST_CASE("KV caches refuse appends that do not fit what they hold", "[attention
                              Contains("another layer shape"));
   CHECK(cache.length() == 2);
 }
+
+TEST_CASE("MLA prefill recomputes K/V block by block over a context longer than a block", "[attention][paths]") {
+  // 1210 tokens: the context's K/V are made in blocks of recompute_block = 1024 and attended to
+  // as they are made; the second chunk's causal diagonal falls in the second block.
+  const auto dense64 = bd_test::random_attention(mla_spec(true), 31);
+  const auto dense = dense64.cast<float>();
+  const auto bd = BDAttention<float>::prepare(dense64, allow(Mode::QKVO));
+  static_assert(bd::nn::MultiHeadAttention<float>::recompute_block == 1024, "the lengths below straddle one block");
+  const MatrixXd x = bd_test::gaussian(1210, dense.input_dim(), 32);
+  const MatrixXd expected = bd_test::plain_attention(dense64, x, x);
+  const MatrixXf xf = x.cast<float>();
+  for (const bool use_bd : {false, true}) {
+    bd::nn::LatentCache<float> cache;
+    MatrixXf out(1210, expected.cols());
+    const auto run = [&](Index from, Index n) {
+      out.middleRows(from, n) = use_bd ? bd.prefill(xf.middleRows(from, n), cache, PrefillPath::recompute)
+                                       : dense.prefill(xf.middleRows(from, n), cache, PrefillPath::recompute);
+    };
+    run(0, 1150);
+    run(1150, 60);
+    INFO((use_bd ? "BD" : "dense"));
+    CHECK(max_rel(out, expected) <= kFp32OperatorBound);
+  }
+}

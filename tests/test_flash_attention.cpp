@@ -4,7 +4,7 @@
 // the diagonal masked, grouped heads stacked into one task (GQA, MQA, all heads against one
 // latent), a query offset (chunked prefill, decoding), widths not multiples of NR — in float and
 // double, on every micro-kernel this CPU runs, and with scores of ±1e4, where a softmax without
-// its running maximum overflows.
+// its running maximum overflows; and the keys streamed over several calls equal one call.
 #include <bd/kernel/flash_attention.hpp>
 
 #include "support.hpp"
@@ -115,4 +115,36 @@ TEST_CASE("flash attention gives the same result on one thread and on all", "[ke
   const Shape s{100, 300, 4, 2, 2, 16, 8, 16, true, 200};
   CHECK(run<float>(s, 9, 1) <= kFloat);
   CHECK(run<float>(s, 9, 0) <= kFloat);
+}
+
+TEST_CASE("flash attention streamed over key blocks in several calls equals one call", "[kernel][flash]") {
+  bd_test::for_each_isa([&] {
+    // A chunk of 20 queries at positions 280…299 over 300 keys given in blocks of 7, 100, 150 and
+    // 43 (the last block is partly after the first queries: causal masking across calls).
+    const Shape s{20, 300, 4, 2, 2, 16, 8, 12, true, 280};
+    using M = Eigen::MatrixXf;
+    const M Q = bd_test::gaussian(s.Lq, s.n_q * s.d_qk, 1).cast<float>(), Qr = bd_test::gaussian(s.Lq, s.n_q * s.d_rope, 2).cast<float>();
+    const M K = bd_test::gaussian(s.Lk, s.n_k * s.d_qk, 3).cast<float>(), Kr = bd_test::gaussian(s.Lk, s.d_rope, 4).cast<float>();
+    const M V = bd_test::gaussian(s.Lk, s.n_v * s.d_v, 5).cast<float>();
+    AttentionArguments<float> a;
+    a.q_len = s.Lq, a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = s.n_v, a.d_qk = s.d_qk, a.d_rope = s.d_rope, a.d_v = s.d_v;
+    a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq;
+    a.scale = 0.2f, a.causal = true, a.first_query_position = s.first;
+    M whole(s.Lq, s.n_q * s.d_v), streamed = M::Zero(s.Lq, s.n_q * s.d_v);
+    a.k = K.data(), a.ldk = s.Lk, a.kr = Kr.data(), a.ldkr = s.Lk, a.v = V.data(), a.ldv = s.Lk, a.k_len = s.Lk;
+    a.out = whole.data(), a.ldo = s.Lq;
+    bd::kernel::flash_attention(a);
+    std::vector<float> row_max(std::size_t(s.n_q * s.Lq), -std::numeric_limits<float>::infinity()), row_sum(row_max.size(), 0.f);
+    a.out = streamed.data(), a.row_max = row_max.data(), a.row_sum = row_sum.data();
+    Index k0 = 0;
+    for (const Index n : {7, 100, 150, 43}) {
+      a.k = K.data() + k0, a.kr = Kr.data() + k0, a.v = V.data() + k0, a.k_len = n, a.first_key_position = k0;
+      bd::kernel::flash_attention(a);
+      k0 += n;
+    }
+    bd::kernel::flash_attention_finish(a);
+    const double err = (streamed - whole).cwiseAbs().maxCoeff() / whole.cwiseAbs().maxCoeff();
+    INFO("streamed against one call: " << err);
+    CHECK(err <= 1e-6);
+  });
 }

@@ -16,8 +16,10 @@
 // for all of them: the keys are packed once and every tile is full.
 //
 // Row r of group g is query head g·group + r / Lq at position first_query_position + r % Lq;
-// keys sit at positions 0 … Lk − 1. The decoupled RoPE part (MLA) is one more stretch of depth:
-// q_rope per head, one k_rope for all heads.
+// keys sit at positions first_key_position … + Lk − 1. The decoupled RoPE part (MLA) is one
+// more stretch of depth: q_rope per head, one k_rope for all heads. The keys may come in several
+// calls that carry the softmax's running state (row_max, row_sum): keys computed block by block
+// (MLA's K/V recomputed from the latent) are attended to as they are made.
 #pragma once
 
 #include <algorithm>
@@ -54,7 +56,15 @@ struct AttentionArguments {
   T* out = nullptr;      Index ldo = 0;    ///< Lq × n_q·d_v
   T scale = T(1);
   bool causal = false;
-  Index first_query_position = 0;    ///< causal: row i sees keys 0 … first + i
+  Index first_query_position = 0;    ///< causal: row i sees keys at positions ≤ first + i
+  Index first_key_position = 0;      ///< the keys' positions: first_key … first_key + Lk − 1
+  /// Streaming over the keys in several calls (keys computed block by block, never all held):
+  /// with row_max and row_sum set (n_q·Lq each, head-major: h·Lq + t), the call continues the
+  /// online softmax from them and from out, which holds the unnormalised Σ e^(s − max)·v, and
+  /// leaves all three for the next call; flash_attention_finish() divides at the end. Start from
+  /// row_max = −∞, row_sum = 0, out = 0.
+  T* row_max = nullptr;
+  T* row_sum = nullptr;
 };
 
 namespace detail {
@@ -123,10 +133,20 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads) {
       const T* qr = a.qr + h * a.d_rope * a.ldqr + t;
       for (Index k = 0; k < a.d_rope; ++k) to[(a.d_qk + k) * MR] = qr[k * a.ldqr] * a.scale;
     }
+    const Index k_end = a.causal ? std::min(a.k_len, last_position + 1 - a.first_key_position) : a.k_len;
+    if (k_end <= 0) continue;  // every key is after every row: nothing to add (streaming)
+    const bool streaming = a.row_max != nullptr;
     std::fill(m, m + Bq, -std::numeric_limits<T>::infinity());
     std::fill(l, l + Bq, T(0));
     std::fill(op, op + o_size, T(0));
-    const Index k_end = a.causal ? std::min(a.k_len, last_position + 1) : a.k_len;
+    if (streaming)  // continue from the state the previous calls left
+      for (Index i = 0; i < nrows; ++i) {
+        const Index r = r0 + i, h = g * group + r / a.q_len, t = r % a.q_len;
+        m[i] = a.row_max[h * a.q_len + t], l[i] = a.row_sum[h * a.q_len + t];
+        const T* from = a.out + h * dv * a.ldo + t;
+        T* to = op + (i / MR) * MR * dv_padded + i % MR;
+        for (Index c = 0; c < dv; ++c) to[c * MR] = from[c * a.ldo];
+      }
 
     for (Index k0 = 0; k0 < k_end; k0 += Bk) {
       const Index bk = std::min(Bk, k_end - k0);
@@ -162,7 +182,8 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads) {
         Index lowest = no_mask, highest = 0;  // over the panel's rows (padding rows are never masked)
         for (Index i = 0; i < std::min(MR, nrows - p * MR); ++i)
           lowest = std::min(lowest, row_pos[i]), highest = std::max(highest, row_pos[i]);
-        if (highest < k0) continue;  // causal: the whole block is after every row of the panel
+        const Index key0 = a.first_key_position + k0;  // position of the block's first key
+        if (highest < key0) continue;  // causal: the whole block is after every row of the panel
         T* s = sp + p * MR * round_up(Bk, NR);
         // S = Q·Kᵀ, key-major (column j of the tile is key j): the packed A of P·V.
         for (Index j0 = 0; j0 < bk; j0 += NR) {
@@ -170,9 +191,9 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads) {
           for (Index j = 0; j < NR; ++j) dst[j] = s + (j0 + j) * MR;
           Kernel::tile(std::min(NR, bk - j0), D, qp + p * MR * D, kp + j0 * D, nullptr, nullptr, dst);
         }
-        if (lowest < k0 + bk - 1)  // the causal diagonal crosses this block: mask keys after each row
+        if (lowest < key0 + bk - 1)  // the causal diagonal crosses this block: mask keys after each row
           for (Index i = 0; i < MR; ++i)
-            for (Index k = std::max<Index>(0, row_pos[i] + 1 - k0); k < bk; ++k)
+            for (Index k = std::max<Index>(0, row_pos[i] + 1 - key0); k < bk; ++k)
               s[k * MR + i] = -std::numeric_limits<T>::infinity();
         Kernel::softmax_panel(s, bk, m + p * MR, l + p * MR, alpha + p * MR);
         T* o = op + p * MR * dv_padded;
@@ -184,11 +205,12 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads) {
         }
       }
     }
-    // O / l into the output rows.
+    // O / l into the output rows (streaming: O, max and sum as they are, for the next call).
     for (Index i = 0; i < nrows; ++i) {
       const Index r = r0 + i, h = g * group + r / a.q_len, t = r % a.q_len;
       const T* from = op + (i / MR) * MR * dv_padded + i % MR;
-      const T inv = T(1) / l[i];
+      const T inv = streaming ? T(1) : T(1) / l[i];
+      if (streaming) a.row_max[h * a.q_len + t] = m[i], a.row_sum[h * a.q_len + t] = l[i];
       T* to = a.out + h * dv * a.ldo + t;
       for (Index c = 0; c < dv; ++c) to[c * a.ldo] = from[c * MR] * inv;
     }
@@ -197,8 +219,19 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads) {
 
 }  // namespace detail
 
+/// After the last streaming call: out ← out / row_sum, row by row.
+template <typename T>
+void flash_attention_finish(const AttentionArguments<T>& a) {
+  for (Index h = 0; h < a.n_q; ++h)
+    for (Index c = 0; c < a.d_v; ++c) {
+      T* column = a.out + (h * a.d_v + c) * a.ldo;
+      for (Index t = 0; t < a.q_len; ++t) column[t] /= a.row_sum[h * a.q_len + t];
+    }
+}
+
 /// Runs the attention on up to `threads` OpenMP threads (0: omp_get_max_threads(); 1 inside a
-/// parallel region) with the kernels of active_isa(). Lk ≥ 1 (a row with no key has no softmax);
+/// parallel region) with the kernels of active_isa(). Lk ≥ 1 (a row with no key has no softmax;
+/// streaming, a row must have seen a key by the finishing call);
 /// the caller checks shapes (nn/attention_core.hpp does, with messages).
 template <typename T>
 void flash_attention(const AttentionArguments<T>& a, int threads = 0) {

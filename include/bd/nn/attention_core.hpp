@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -61,29 +63,28 @@ struct AttendSpec {
   Index d_rope = 0;          ///< decoupled RoPE width (Qr per head, one Kr for all)
   double scale = 1;
   bool causal = false;
-  Index first_query_position = 0;  ///< keys sit at positions 0..L_k−1
+  Index first_query_position = 0;  ///< causal: query i sees keys at positions ≤ first + i
+  Index first_key_position = 0;    ///< keys sit at positions first_key … first_key + L_k − 1
 };
 
 template <typename A>
 using ConstRef = Eigen::Ref<const MatrixA<A>>;
 
-/// O (L_q × n_q·d_v) = [softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale], masked)·V_h]_h, fused and
-/// tiled on the dispatched kernel (kernel/flash_attention.hpp): no L_q × L_k matrix is formed,
-/// causal tiles are skipped, and query heads that read the same key and value heads are one
-/// product. Operands are read where they lie (a cache's rows too).
+namespace detail {
+/// The kernel's arguments for one attend call, after checking every shape against the spec.
 template <typename A>
-MatrixA<A> attend(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const AttendSpec& s,
-                  const ConstRef<A>* Qr = nullptr, const ConstRef<A>* Kr = nullptr) {
+bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V,
+                                                     const AttendSpec& s, const ConstRef<A>* Qr, const ConstRef<A>* Kr,
+                                                     MatrixA<A>& O) {
   using bd::detail::message;
   const Index n_v = s.n_v ? s.n_v : s.n_k, d_rope = Qr && Kr ? s.d_rope : 0;
   if (K.rows() == 0)
     throw ShapeError("attention over an empty context: there is no key to attend to (give at least one key/value token)");
   if (s.n_q % s.n_k || s.n_q % n_v || Q.cols() != s.n_q * s.d_qk || K.cols() != s.n_k * s.d_qk ||
-      V.cols() != n_v * s.d_v || V.rows() != K.rows() ||
+      V.cols() != n_v * s.d_v || V.rows() != K.rows() || O.rows() != Q.rows() || O.cols() != s.n_q * s.d_v ||
       (d_rope && (Qr->rows() != Q.rows() || Qr->cols() != s.n_q * d_rope || Kr->rows() != K.rows() || Kr->cols() != d_rope)))
     throw ShapeError(message("attend: Q ", Q.rows(), "x", Q.cols(), ", K ", K.rows(), "x", K.cols(), ", V ", V.rows(), "x",
                              V.cols(), " do not fit ", s.n_q, "/", s.n_k, "/", n_v, " heads of ", s.d_qk, " and ", s.d_v));
-  MatrixA<A> O(Q.rows(), s.n_q * s.d_v);
   bd::kernel::AttentionArguments<A> a;
   a.q_len = Q.rows(), a.k_len = K.rows();
   a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = n_v;
@@ -96,9 +97,61 @@ MatrixA<A> attend(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>&
   a.scale = A(s.scale);
   a.causal = s.causal;
   a.first_query_position = s.first_query_position;
-  bd::kernel::flash_attention(a);
+  a.first_key_position = s.first_key_position;
+  return a;
+}
+}  // namespace detail
+
+/// O (L_q × n_q·d_v) = [softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale], masked)·V_h]_h, fused and
+/// tiled on the dispatched kernel (kernel/flash_attention.hpp): no L_q × L_k matrix is formed,
+/// causal tiles are skipped, and query heads that read the same key and value heads are one
+/// product. Operands are read where they lie (a cache's rows too).
+template <typename A>
+MatrixA<A> attend(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const AttendSpec& s,
+                  const ConstRef<A>* Qr = nullptr, const ConstRef<A>* Kr = nullptr) {
+  MatrixA<A> O(Q.rows(), s.n_q * s.d_v);
+  bd::kernel::flash_attention(detail::attention_arguments<A>(Q, K, V, s, Qr, Kr, O));
   return O;
 }
+
+/// The same attention with the keys given block by block (spec.first_key_position says where a
+/// block starts): the softmax's running maximum and sum per query row are carried between
+/// calls, so keys computed on the fly are attended to as they are made and never all held.
+template <typename A>
+class StreamedAttention {
+public:
+  StreamedAttention(Index queries, const AttendSpec& spec)
+      : spec_(spec),
+        O_(MatrixA<A>::Zero(queries, spec.n_q * spec.d_v)),
+        max_(static_cast<std::size_t>(queries * spec.n_q), -std::numeric_limits<A>::infinity()),
+        sum_(max_.size(), A(0)) {}
+
+  /// Attends to keys at positions first_key … first_key + K.rows() − 1.
+  void add(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, Index first_key,
+           const ConstRef<A>* Qr = nullptr, const ConstRef<A>* Kr = nullptr) {
+    AttendSpec s = spec_;
+    s.first_key_position = first_key;
+    auto a = detail::attention_arguments<A>(Q, K, V, s, Qr, Kr, O_);
+    a.row_max = max_.data(), a.row_sum = sum_.data();
+    bd::kernel::flash_attention(a);
+    last_ = a;
+    seen_ = true;
+  }
+
+  /// The attention's output, once every key has been added.
+  MatrixA<A> finish() {
+    if (!seen_) throw ShapeError("attention over an empty context: no key was added");
+    bd::kernel::flash_attention_finish(last_);
+    return std::move(O_);
+  }
+
+private:
+  AttendSpec spec_;
+  MatrixA<A> O_;
+  std::vector<A> max_, sum_;
+  bd::kernel::AttentionArguments<A> last_;
+  bool seen_ = false;
+};
 
 /// Keys and values of the tokens seen so far, for incremental decoding. Storage grows by
 /// doubling, so appending one token at a time costs amortised O(1) copies per token.

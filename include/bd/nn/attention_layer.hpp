@@ -17,6 +17,9 @@
 // x_q: x, or RMSNorm(x·W_qa)·g_q with a query LoRA. Inputs are read in place (Eigen::Ref).
 #pragma once
 
+#include <algorithm>
+#include <optional>
+
 #include <Eigen/Core>
 
 #include "bd/core/error.hpp"
@@ -69,12 +72,34 @@ public:
     require_inputs(x_new, x_new);
     if (path == PrefillPath::automatic) path = plan_chunk(x_new.rows(), cache.length() + x_new.rows()).path;
     if (path == PrefillPath::absorbed) return decode_absorbed(x_new, cache);
+    const AttentionConfig& c = config();
     const Index start = cache.length();
-    detail::append_latent<A>(config(), weights(), x_new, cache);
-    const Input z(cache.latent());
-    const Matrix K = self().keys(z, 0), V = self().values(z);  // the whole context, positions 0…
-    return attend_and_output(x_new, K, V, cache.rope_keys(), start);
+    detail::append_latent<A>(c, weights(), x_new, cache);
+    // K/V of the context recomputed block by block and attended to as they are made: the
+    // context's K and V (L × n·d_h each: 2 GB at DeepSeek's shape and 16k tokens) never exist,
+    // and each block's stay in cache between their product and their use.
+    const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x_new) : Matrix();
+    const Input xq = has_lora() ? Input(xq_storage) : x_new;
+    const Matrix Q = self().queries(xq, start);
+    const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, start);
+    const Input Qr_ref(Qr);
+    const Index context = cache.length();
+    std::optional<StreamedAttention<A>> attention;
+    for (Index k0 = 0; k0 < context; k0 += recompute_block) {
+      const Index n = std::min(recompute_block, context - k0);
+      const Input z(cache.latent().middleRows(k0, n)), Kr(cache.rope_keys().middleRows(k0, n));
+      const Matrix K = self().keys(z, k0), V = self().values(z);
+      if (!attention)
+        attention.emplace(Q.rows(), detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim,
+                                                      c.value_dim(), start));
+      attention->add(Q, K, V, k0, c.rope_dim ? &Qr_ref : nullptr, c.rope_dim ? &Kr : nullptr);
+    }
+    return self().output(attention->finish());
   }
+
+  /// Context tokens whose K/V (K'/V') prefill recomputes at a time: enough rows that packing the
+  /// up-projection's weights once per block costs little against the block's product.
+  static constexpr Index recompute_block = 1024;
 
   /// The path prefill() takes for `chunk` new tokens when the cache will hold `context` tokens
   /// (the chunk included), with both estimates.

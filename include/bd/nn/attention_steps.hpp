@@ -79,12 +79,8 @@ MatrixA<A> rope_queries(const AttentionConfig& c, const AttentionWeights<S>& w, 
   return qr;
 }
 
-/// O = softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale])·V_h for every query head (d_qk and d_v wide;
-/// the layer's own widths, or the latent's for absorbed MLA); K has n_k heads and V n_v.
-template <typename A>
-MatrixA<A> attend_heads(const AttentionConfig& c, const ConstRef<A>& Q, const ConstRef<A>& Qr, const ConstRef<A>& K,
-                        const ConstRef<A>& V, const ConstRef<A>& Kr, Index n_k, Index n_v, Index d_qk, Index d_v,
-                        Index first_position) {
+/// The spec of attend_heads: the layer's heads, scale and mask, with the given widths.
+inline AttendSpec head_spec(const AttentionConfig& c, Index n_k, Index n_v, Index d_qk, Index d_v, Index first_position) {
   AttendSpec spec;
   spec.n_q = c.n_q;
   spec.n_k = n_k;
@@ -95,6 +91,16 @@ MatrixA<A> attend_heads(const AttentionConfig& c, const ConstRef<A>& Q, const Co
   spec.scale = c.softmax_scale();
   spec.causal = c.causal;
   spec.first_query_position = first_position;
+  return spec;
+}
+
+/// O = softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale])·V_h for every query head (d_qk and d_v wide;
+/// the layer's own widths, or the latent's for absorbed MLA); K has n_k heads and V n_v.
+template <typename A>
+MatrixA<A> attend_heads(const AttentionConfig& c, const ConstRef<A>& Q, const ConstRef<A>& Qr, const ConstRef<A>& K,
+                        const ConstRef<A>& V, const ConstRef<A>& Kr, Index n_k, Index n_v, Index d_qk, Index d_v,
+                        Index first_position) {
+  const AttendSpec spec = head_spec(c, n_k, n_v, d_qk, d_v, first_position);
   if (c.rope_dim == 0) return attend<A>(Q, K, V, spec);
   return attend<A>(Q, K, V, spec, &Qr, &Kr);
 }
