@@ -5,7 +5,8 @@
 //   gemm/bd_kernel/<L>           the dense GEMM rate of bd's kernel in the same run (the yardstick);
 //   linear/<impl>/<shape>        L = 1024 tokens through a LLaMA2-7B projection at the rank that
 //                                keeps 80 % of its parameters (the paper's low-rank table);
-//                                every implementation writes into a preallocated y;
+//                                every implementation writes into a preallocated y; *_kernel are
+//                                the dense and low-rank twins on bd's own kernel;
 //   linear_cpu_<isa>/bd/<shape>  BDLinear with its kernels forced to each instruction set.
 //
 // The attention layer is DeepSeek-V3's MLA at full size except its query LoRA (queries straight
@@ -188,6 +189,14 @@ void linear(benchmark::State& state, const std::string& impl, const LinearShape&
       y.noalias() = x * layers.W;
     } else if (impl == "lowrank") {
       y = layers.low_rank.forward(x);
+    } else if (impl == "lowrank_kernel") {  // the low-rank twin on bd's own kernel: h = x·U, y = h·Vᵀ
+      bd::kernel::linear_into<float, float>(x.data(), kTokens, kTokens, s.d_in, U.data(), s.d_in, false, r, nullptr, h.data(),
+                                            kTokens);
+      bd::kernel::linear_into<float, float>(h.data(), kTokens, kTokens, r, Vt.data(), r, false, s.d_out, nullptr, y.data(),
+                                            kTokens);
+    } else if (impl == "dense_kernel") {
+      bd::kernel::linear_into<float, float>(x.data(), kTokens, kTokens, s.d_in, layers.W.data(), s.d_in, false, s.d_out,
+                                            nullptr, y.data(), kTokens);
     } else if (impl == "bd") {
       layers.bd.forward_into(x, y);
 #ifdef BD_HAVE_OPENBLAS
@@ -228,7 +237,7 @@ int register_all() {
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   }
   benchmark::RegisterBenchmark("gemm/bd_kernel", gemm_rate)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
-  std::vector<std::string> impls{"dense", "lowrank", "bd"};
+  std::vector<std::string> impls{"dense", "dense_kernel", "lowrank", "lowrank_kernel", "bd"};
 #ifdef BD_HAVE_OPENBLAS
   impls.insert(impls.begin() + 1, "dense_openblas");
   impls.insert(impls.begin() + 3, "lowrank_openblas");

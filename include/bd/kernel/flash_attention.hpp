@@ -150,14 +150,15 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads) {
 
     for (Index k0 = 0; k0 < k_end; k0 += Bk) {
       const Index bk = std::min(Bk, k_end - k0);
-      // Keys as NR-key panels, k-major: kp[j0·D + c·NR + j] = [k | k_rope](k0 + j0 + j, c).
-      for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
-        T* panel = kp + j0 * D;
-        const Index nj = std::min(NR, bk - j0);
-        for (Index c = 0; c < D; ++c) {
-          const T* from = c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 + j0 : a.kr + (c - a.d_qk) * a.ldkr + k0 + j0;
-          T* to = panel + c * NR;
-          std::copy(from, from + nj, to);
+      // Keys as NR-key panels, k-major: kp[j0·D + c·NR + j] = [k | k_rope](k0 + j0 + j, c). Channel
+      // by channel, so each of K's columns is read in one run of bk keys (D concurrent strided
+      // streams, one per channel, defeat the prefetcher: 3–5× slower when K comes from memory).
+      for (Index c = 0; c < D; ++c) {
+        const T* from = c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 : a.kr + (c - a.d_qk) * a.ldkr + k0;
+        for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
+          const Index nj = std::min(NR, bk - j0);
+          T* to = kp + j0 * D + c * NR;
+          std::copy(from + j0, from + j0 + nj, to);
           std::fill(to + nj, to + NR, T(0));
         }
       }
