@@ -80,6 +80,11 @@ const Shape kShapes[] = {
     {1, 513, 16, 1, 1, 64, 16, 64, true, 512},   // absorbed decoding: 16 heads against one latent
     {3, 300, 4, 4, 1, 12, 4, 12, false},         // K per head, V shared (BD's QK, dense VO)
     {200, 200, 4, 1, 4, 12, 0, 12, true},        // the other way round
+    // Few rows per key/value head (flash_attention_few_rows: keys as the tile's rows):
+    {1, 2500, 4, 4, 4, 24, 8, 16, true, 2499},   // decoding one token per head over several key blocks
+    {1, 900, 8, 2, 2, 16, 0, 12, true, 899},     // GQA 4:1 decoding: four rows against one key head
+    {3, 40, 2, 2, 2, 8, 4, 8, true, 10},         // three queries at 10…12 over 40 keys: masked inside a block
+    {2, 1300, 4, 1, 1, 20, 4, 20, false},        // MQA, not causal, two queries per head: 8 rows
 };
 
 }  // namespace
@@ -101,13 +106,14 @@ TEST_CASE("flash attention: the online softmax stays exact with scores of ±1e4"
   bd_test::for_each_isa([&] {
     // q scaled by 40 over d = 64 makes scores of order ±1e4: e^score overflows any float, and
     // each key block's maximum differs from the last by thousands (rescaling underflows to 0).
-    Shape s{40, 500, 2, 2, 2, 64, 0, 16, true, 460, 40.0};
-    const double e32 = run<float>(s, 3), e64 = run<double>(s, 3);
-    INFO("float " << e32 << ", double " << e64);
-    // The scores themselves round at |score|·u ≈ 1e4·6e-8 in float: softmax weights err by about
-    // that much relative, so the bound is 1e-3 there; double keeps 1e-9.
-    CHECK(e32 <= 1e-3);
-    CHECK(e64 <= 1e-9);
+    for (const Shape& s : {Shape{40, 500, 2, 2, 2, 64, 0, 16, true, 460, 40.0}, Shape{1, 1500, 2, 2, 2, 64, 0, 16, true, 1499, 40.0}}) {
+      const double e32 = run<float>(s, 3), e64 = run<double>(s, 3);
+      INFO(s.Lq << " queries: float " << e32 << ", double " << e64);
+      // The scores themselves round at |score|·u ≈ 1e4·6e-8 in float: softmax weights err by about
+      // that much relative, so the bound is 1e-3 there; double keeps 1e-9.
+      CHECK(e32 <= 1e-3);
+      CHECK(e64 <= 1e-9);
+    }
   });
 }
 
@@ -120,8 +126,9 @@ TEST_CASE("flash attention gives the same result on one thread and on all", "[ke
 TEST_CASE("flash attention streamed over key blocks in several calls equals one call", "[kernel][flash]") {
   bd_test::for_each_isa([&] {
     // A chunk of 20 queries at positions 280…299 over 300 keys given in blocks of 7, 100, 150 and
-    // 43 (the last block is partly after the first queries: causal masking across calls).
-    const Shape s{20, 300, 4, 2, 2, 16, 8, 12, true, 280};
+    // 43 (the last block is partly after the first queries: causal masking across calls); and 2
+    // queries, 4 rows per key head (the few-row path).
+    for (const Shape& s : {Shape{20, 300, 4, 2, 2, 16, 8, 12, true, 280}, Shape{2, 300, 4, 2, 2, 16, 8, 12, true, 298}}) {
     using M = Eigen::MatrixXf;
     const M Q = bd_test::gaussian(s.Lq, s.n_q * s.d_qk, 1).cast<float>(), Qr = bd_test::gaussian(s.Lq, s.n_q * s.d_rope, 2).cast<float>();
     const M K = bd_test::gaussian(s.Lk, s.n_k * s.d_qk, 3).cast<float>(), Kr = bd_test::gaussian(s.Lk, s.d_rope, 4).cast<float>();
@@ -144,7 +151,8 @@ TEST_CASE("flash attention streamed over key blocks in several calls equals one 
     }
     bd::kernel::flash_attention_finish(a);
     const double err = (streamed - whole).cwiseAbs().maxCoeff() / whole.cwiseAbs().maxCoeff();
-    INFO("streamed against one call: " << err);
+    INFO(s.Lq << " queries, streamed against one call: " << err);
     CHECK(err <= 1e-6);
+    }
   });
 }

@@ -2,6 +2,9 @@
 //
 //     out[:, col(c)] = init(c) + Σ_k X[:, chan(k)] · B(k, c)          for c in a segment
 //
+// init(c): X's column init_channels[c], the value init_values[c], out[:, col(c)] itself
+// (accumulate), or 0.
+//
 // Column-major, except that preparation's products may pass X or B row-major (a transposed
 // operand read in place, never copied; see matmul.hpp). A segment is a run of B's columns that share one list of X channels
 // as their K dimension (a shared window: one segment; per-head pivoted bases: one per head).
@@ -52,6 +55,7 @@ struct GemmArguments {
   const Index* out_columns = nullptr;    ///< output column of each B column; null: the same index
   const Index* init_channels = nullptr;  ///< X channel each output column starts from; null: none
   const T* init_values = nullptr;        ///< value each output column starts from (a bias); null: 0
+  bool accumulate = false;               ///< out += …: every output starts from its own value
   std::vector<Segment> segments;
   bool x_row_major = false;              ///< X(i, k) at x[i·ldx + k] instead of x[k·ldx + i]
   bool b_row_major = false;              ///< B(k, c) at b[k·ldb + c] instead of b[c·ldb + k]

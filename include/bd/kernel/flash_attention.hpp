@@ -15,6 +15,9 @@
 // MQA and absorbed MLA decoding (all heads against one latent) run one product per key block
 // for all of them: the keys are packed once and every tile is full.
 //
+// Few rows per key/value head (decoding) take flash_attention_few_rows instead, where keys are
+// the tile's rows and each query row's scores come out contiguous.
+//
 // Row r of group g is query head g·group + r / Lq at position first_query_position + r % Lq;
 // keys sit at positions first_key_position … + Lk − 1. The decoupled RoPE part (MLA) is one
 // more stretch of depth: q_rope per head, one k_rope for all heads. The keys may come in several
@@ -218,6 +221,123 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads) {
   }
 }
 
+/// Few query rows per key/value head (decoding, GQA decoding: group·Lq ≤ 8 and ≤ NR): the tile
+/// path would compute MR rows for each of them. Here the roles turn: Sᵀ = K·Qᵀ on the tile with
+/// the keys as its MR rows (K packed as MR-key panels channel by channel, the rows' queries as
+/// one NR panel), so each row's scores come out contiguous; softmax_row takes each row's online
+/// step, and P·V reads V where it lies, one dot product per value channel (dot_rows). The work
+/// is then the rows' own, and K and V are each read once per group.
+template <typename Kernel, typename T>
+void flash_attention_few_rows(const AttentionArguments<T>& a, int threads) {
+  constexpr Index MR = Kernel::mr, NR = Kernel::nr;
+  const Index groups = std::lcm(a.n_k, a.n_v), group = a.n_q / groups, rows = group * a.q_len;
+  const Index D = a.d_qk + a.d_rope, dv = a.d_v;
+  // Keys per block: their packed panels within 256 KB (L2), whole MR panels, at most 1024.
+  const Index Bk = std::clamp<Index>(Index(256 * 1024 / sizeof(T)) / std::max<Index>(1, D) / MR * MR, MR, 1024);
+  // Per worker: packed keys, the queries' NR panel, NR score rows (a portable tile writes all NR
+  // columns), output accumulators, each row's max, sum, rescaling and position, dot results.
+  const Index ld = Bk, k_size = Bk * D, q_size = D * NR, s_size = NR * ld, o_size = rows * dv;
+  const Index per_worker = k_size + q_size + s_size + o_size + 3 * rows + 4 * dv;
+  std::vector<T> buffers(static_cast<std::size_t>(per_worker * std::max(1, threads)));
+  std::vector<Index> positions(static_cast<std::size_t>(rows * std::max(1, threads)));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && groups > 1)
+#endif
+  for (Index g = 0; g < groups; ++g) {
+#ifdef _OPENMP
+    const Index me = omp_get_thread_num();
+#else
+    const Index me = 0;
+#endif
+    T* const kp = buffers.data() + me * per_worker;
+    T* const qp = kp + k_size;
+    T* const sp = qp + q_size;
+    T* const op = sp + s_size;
+    T* const m = op + o_size;
+    T* const l = m + rows;
+    T* const alpha = l + rows;
+    T* const dots = alpha + rows;
+    Index* const pos = positions.data() + me * rows;
+    const Index kh = g * a.n_k / groups, vh = g * a.n_v / groups;
+    // The rows' queries, scaled, as one NR panel: qp[c·NR + r]; columns past the rows zero.
+    std::fill(qp, qp + q_size, T(0));
+    Index last_position = 0;
+    for (Index r = 0; r < rows; ++r) {
+      const Index h = g * group + r / a.q_len, t = r % a.q_len;
+      pos[r] = a.first_query_position + t;
+      last_position = std::max(last_position, pos[r]);
+      const T* q = a.q + h * a.d_qk * a.ldq + t;
+      for (Index c = 0; c < a.d_qk; ++c) qp[c * NR + r] = q[c * a.ldq] * a.scale;
+      const T* qr = a.qr + h * a.d_rope * a.ldqr + t;
+      for (Index c = 0; c < a.d_rope; ++c) qp[(a.d_qk + c) * NR + r] = qr[c * a.ldqr] * a.scale;
+    }
+    const Index k_end = a.causal ? std::min(a.k_len, last_position + 1 - a.first_key_position) : a.k_len;
+    if (k_end <= 0) continue;
+    const bool streaming = a.row_max != nullptr;
+    for (Index r = 0; r < rows; ++r) {
+      const Index h = g * group + r / a.q_len, t = r % a.q_len;
+      m[r] = streaming ? a.row_max[h * a.q_len + t] : -std::numeric_limits<T>::infinity();
+      l[r] = streaming ? a.row_sum[h * a.q_len + t] : T(0);
+      for (Index c = 0; c < dv; ++c) op[r * dv + c] = streaming ? a.out[(h * dv + c) * a.ldo + t] : T(0);
+    }
+    for (Index k0 = 0; k0 < k_end; k0 += Bk) {
+      const Index bk = std::min(Bk, k_end - k0), padded = round_up(bk, MR);
+      // Keys as MR-key panels, k-major: kp[p0·D + c·MR + i] = [k | k_rope](k0 + p0 + i, c), each
+      // of K's columns read in one run of bk keys.
+      for (Index c = 0; c < D; ++c) {
+        const T* from = c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 : a.kr + (c - a.d_qk) * a.ldkr + k0;
+        for (Index p0 = 0; p0 < padded; p0 += MR) {
+          const Index n = std::min(MR, bk - p0);
+          T* to = kp + p0 * D + c * MR;
+          std::copy(from + p0, from + p0 + n, to);
+          std::fill(to + n, to + MR, T(0));
+        }
+      }
+      for (Index p0 = 0; p0 < padded; p0 += MR) {
+        T* dst[NR];
+        for (Index r = 0; r < NR; ++r) dst[r] = sp + r * ld + p0;
+        Kernel::tile(rows, D, kp + p0 * D, qp, nullptr, nullptr, dst);
+      }
+      const Index key0 = a.first_key_position + k0;
+      for (Index r = 0; r < rows; ++r) {
+        T* s = sp + r * ld;
+        // Keys after the row's position (causal) and the padding past bk do not count.
+        const Index visible = a.causal ? std::clamp<Index>(pos[r] + 1 - key0, 0, bk) : bk;
+        const Index n = round_up(bk, Kernel::lanes());
+        std::fill(s + visible, s + n, -std::numeric_limits<T>::infinity());
+        Kernel::softmax_row(s, n, m + r, l + r, alpha + r);
+        for (Index c = 0; c < dv; ++c) op[r * dv + c] *= alpha[r];
+      }
+      const T* v = a.v + vh * dv * a.ldv + k0;
+      for (Index r0 = 0; r0 < rows; r0 += 4) {
+        const Index count = std::min<Index>(4, rows - r0);
+        Kernel::dot_rows(count, sp + r0 * ld, ld, bk, v, a.ldv, dv, dots);
+        for (Index i = 0; i < count; ++i)
+          for (Index c = 0; c < dv; ++c) op[(r0 + i) * dv + c] += dots[c * 4 + i];
+      }
+    }
+    for (Index r = 0; r < rows; ++r) {
+      const Index h = g * group + r / a.q_len, t = r % a.q_len;
+      const T inv = streaming ? T(1) : T(1) / l[r];
+      if (streaming) a.row_max[h * a.q_len + t] = m[r], a.row_sum[h * a.q_len + t] = l[r];
+      for (Index c = 0; c < dv; ++c) a.out[(h * dv + c) * a.ldo + t] = op[r * dv + c] * inv;
+    }
+  }
+}
+
+/// The rows per key/value head up to which the few-row path runs (flash_attention_few_rows).
+template <typename Kernel>
+constexpr Index few_rows_limit() {
+  return std::min<Index>(Kernel::nr, 8);
+}
+
+template <typename Kernel, typename T>
+void flash_attention_dispatch(const AttentionArguments<T>& a, int threads) {
+  const Index rows = a.n_q / std::lcm(a.n_k, a.n_v) * a.q_len;
+  if (rows <= few_rows_limit<Kernel>()) return flash_attention_few_rows<Kernel>(a, threads);
+  flash_attention_on<Kernel>(a, threads);
+}
+
 }  // namespace detail
 
 /// After the last streaming call: out ← out / row_sum, row by row.
@@ -246,10 +366,10 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0) {
 #endif
 #ifdef BD_KERNEL_X86
   const Isa isa = active_isa();
-  if (isa == Isa::avx512) return detail::flash_attention_on<Avx512Kernel<T>>(a, threads);
-  if (isa == Isa::avx2) return detail::flash_attention_on<Avx2Kernel<T>>(a, threads);
+  if (isa == Isa::avx512) return detail::flash_attention_dispatch<Avx512Kernel<T>>(a, threads);
+  if (isa == Isa::avx2) return detail::flash_attention_dispatch<Avx2Kernel<T>>(a, threads);
 #endif
-  detail::flash_attention_on<PortableKernel<T>>(a, threads);
+  detail::flash_attention_dispatch<PortableKernel<T>>(a, threads);
 }
 
 }  // namespace bd::kernel

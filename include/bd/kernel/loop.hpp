@@ -128,7 +128,7 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
           bool from_values = false;
           for (Index j = 0; j < nj; ++j) {
             dst[j] = out_column(c + j) + row;
-            if (!first) {
+            if (!first || a.accumulate) {
               src[j] = dst[j];
             } else if (a.init_channels) {
               src[j] = a.x + a.init_channels[c + j] * a.ldx + row;

@@ -51,7 +51,7 @@ Operand<T> operand(const Eigen::MatrixBase<Derived>& m, Eigen::Matrix<T, Eigen::
 /// channel in order; lower_only: only the micro-tiles that meet the lower triangle (a Gram).
 template <typename T>
 void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Index depth, Index cols, T* out, Index ldo,
-                       bool lower_only) {
+                       bool lower_only, bool accumulate = false) {
   std::vector<Index> channels(static_cast<std::size_t>(depth));
   std::iota(channels.begin(), channels.end(), Index(0));
   GemmArguments<T, T> args;
@@ -61,6 +61,7 @@ void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Ind
   args.out = out, args.ldo = ldo;
   args.segments.push_back({channels.data(), depth, 0, cols});
   args.lower_only = lower_only;
+  args.accumulate = accumulate;
   gemm(args);
 }
 
@@ -107,6 +108,26 @@ void matmul_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<D
   Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
   const detail::Operand<T> x = detail::operand(a, a_storage), y = detail::operand(b, b_storage);
   detail::product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false);
+}
+
+/// out += a·b, as matmul_into (the kernel's accumulators start from out's values).
+template <typename DerivedA, typename DerivedB, typename DerivedOut>
+void matmul_add_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b,
+                     Eigen::MatrixBase<DerivedOut>& out) {
+  using T = typename DerivedA::Scalar;
+  static_assert(std::is_same_v<T, typename DerivedB::Scalar> && std::is_same_v<T, typename DerivedOut::Scalar>,
+                "matmul: one scalar type");
+  static_assert(!DerivedOut::IsRowMajor && detail::directly_readable_v<DerivedOut>,
+                "matmul: the output is a column-major matrix, block or Ref");
+  eigen_assert(a.cols() == b.rows() && out.rows() == a.rows() && out.cols() == b.cols() && "matmul: shapes disagree");
+  eigen_assert(out.innerStride() == 1);
+  if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= detail::skinny_rows) {
+    out.derived().noalias() += a * b;
+    return;
+  }
+  Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
+  const detail::Operand<T> x = detail::operand(a, a_storage), y = detail::operand(b, b_storage);
+  detail::product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false, true);
 }
 
 namespace detail {

@@ -107,12 +107,19 @@ struct Avx512Kernel {
   }
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
-    avx512::dot_columns<Ops>(count, rows, depth, b, ldb, columns, result);
+    avx512::dot_columns<Ops>(count, rows, depth, depth, b, ldb, columns, result);
+  }
+  /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
+  static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) {
+    avx512::dot_columns<Ops>(count, rows, ldr, depth, b, ldb, columns, result);
   }
   /// Flash attention (flash_attention.hpp): one online-softmax step of an MR-row panel, and the
   /// rescaling of its output accumulators.
   static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) { avx512::softmax_panel<mr, Ops>(s, n, m, l, alpha); }
   static void scale_panel(T* o, Index columns, const T* alpha) { avx512::scale_panel<mr, Ops>(o, columns, alpha); }
+  /// One online-softmax step of a single row of contiguous scores (n whole vectors: lanes()).
+  static void softmax_row(T* s, Index n, T* m, T* l, T* alpha) { avx512::softmax_row<Ops>(s, n, m, l, alpha); }
+  static constexpr Index lanes() { return Ops::lanes; }
   /// P·A = L·U in place for a small row-major A (small_lu.hpp).
   static void lu_rows(T* a, Index n, Index ld, Index* perm) { avx512::lu_rows<Ops>(a, n, ld, perm); }
   /// The pivots of QR with column pivoting (pivoted_qr.hpp).

@@ -70,10 +70,14 @@ struct PortableKernel {
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c] for i < count ≤ 4 and
   /// c < columns, rows contiguous with stride depth, B's columns with stride ldb.
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
+    dot_rows(count, rows, depth, depth, b, ldb, columns, result);
+  }
+  /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
+  static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) {
     for (Index c = 0; c < columns; ++c, b += ldb)
       for (Index i = 0; i < count; ++i) {
         T sum(0);
-        const T* row = rows + i * depth;
+        const T* row = rows + i * ldr;
         for (Index k = 0; k < depth; ++k) sum += row[k] * b[k];
         result[c * 4 + i] = sum;
       }
@@ -85,6 +89,8 @@ struct PortableKernel {
     portable::softmax_panel<mr, portable::Ops<T>>(s, n, m, l, alpha);
   }
   static void scale_panel(T* o, Index columns, const T* alpha) { portable::scale_panel<mr, portable::Ops<T>>(o, columns, alpha); }
+  static void softmax_row(T* s, Index n, T* m, T* l, T* alpha) { portable::softmax_row<portable::Ops<T>>(s, n, m, l, alpha); }
+  static constexpr Index lanes() { return 1; }
 
   /// P·A = L·U in place for a small row-major A: micro_kernel_simd.inc's lu_rows with scalars
   /// (same layout, pivots and multipliers; the padding and scratch row are not read).

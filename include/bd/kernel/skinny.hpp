@@ -86,7 +86,10 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads) {
       const Index c = group.column + j;
       T* out = a.out + (a.out_columns ? a.out_columns[c] : c) * a.ldo;
       for (Index i = 0; i < L; ++i) {
-        const T start = a.init_channels ? a.x[a.init_channels[c] * a.ldx + i] : a.init_values ? a.init_values[c] : T(0);
+        const T start = a.accumulate       ? out[i]
+                        : a.init_channels  ? a.x[a.init_channels[c] * a.ldx + i]
+                        : a.init_values    ? a.init_values[c]
+                                           : T(0);
         out[i] = start + dots[j * skinny_rows + i];
       }
     }
