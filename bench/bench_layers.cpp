@@ -1,12 +1,14 @@
 // Whole layers, dense against BD, in the same executable with the same threads and precision (fp32):
 //
-//   attention/<mha|bda>/<L>      one causal self-attention forward over L tokens;
+//   attention/<mha|bda>/<L>      one causal self-attention forward over L tokens (peak_MB: the
+//                                memory it adds at its peak over the resident weights);
 //   decode/<mha|bda>/<context>   one new token against a KV cache of `context` tokens;
 //   gemm/bd_kernel/<L>           the dense GEMM rate of bd's kernel in the same run (the yardstick);
 //   linear/<impl>/<shape>        L = 1024 tokens through a LLaMA2-7B projection at the rank that
 //                                keeps 80 % of its parameters (the paper's low-rank table);
 //                                every implementation writes into a preallocated y; *_kernel are
-//                                the dense and low-rank twins on bd's own kernel;
+//                                the dense and low-rank twins on bd's own kernel (lowrank_kernel
+//                                is LowRankLinear), dense and lowrank Eigen's products;
 //   linear_cpu_<isa>/bd/<shape>  BDLinear with its kernels forced to each instruction set.
 //
 // The attention layer is DeepSeek-V3's MLA at full size except its query LoRA (queries straight
@@ -18,6 +20,8 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -93,14 +97,39 @@ void layer_counters(benchmark::State& state, const LayerFlops& f, const LayerFlo
   state.counters["theoretical_ratio"] = dense.total / f.total;
 }
 
+/// The memory a step adds at its peak over what was resident before it (Linux: VmHWM, reset
+/// through /proc/self/clear_refs; 0 where that is not available), in MB.
+class PeakMemory {
+public:
+  PeakMemory() {
+    std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM ← VmRSS
+    before_ = status_kb("VmRSS:");
+  }
+  double extra_mb() const { return double(status_kb("VmHWM:") - before_) / 1024.0; }
+
+private:
+  static long status_kb(const char* key) {
+    std::ifstream f("/proc/self/status");
+    for (std::string line; std::getline(f, line);)
+      if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::strlen(key)));
+    return 0;
+  }
+  long before_ = 0;
+};
+
 void attention(benchmark::State& state, bool bd) {
   const AttentionPair& pair = attention_pair();
   const Index L = state.range(0);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, kHidden);
+  const PeakMemory memory;
   for (auto _ : state) {
     Eigen::MatrixXf y = bd ? pair.bd.forward(x) : pair.dense.forward(x);
     benchmark::DoNotOptimize(y.data());
   }
+  // What the forward holds at its peak beyond the weights: Q, K, V, the RoPE parts, O and y —
+  // O(L·d); an L×L score matrix per head would add L²·heads·4 bytes.
+  state.counters["peak_MB"] = memory.extra_mb();
+  state.counters["LxL_per_head_MB"] = double(L) * double(L) * double(kHeads) * 4 / (1024.0 * 1024.0);
   // Causal: query i sees i + 1 keys, (L + 1)/2 on average — the work the layer must do (the
   // flash core skips the tiles above the diagonal).
   const double keys = (double(L) + 1) / 2;
@@ -183,17 +212,15 @@ void linear(benchmark::State& state, const std::string& impl, const LinearShape&
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(kTokens, s.d_in);
   Eigen::MatrixXf y(kTokens, s.d_out), h(kTokens, r);
   const Eigen::MatrixXf& U = layers.low_rank.U();
-  const Eigen::MatrixXf Vt = layers.low_rank.V().transpose();  // r × d_out, for the BLAS call
+  const Eigen::MatrixXf Vt = layers.low_rank.V().transpose();  // r × d_out, for the BLAS calls
   for (auto _ : state) {
     if (impl == "dense") {
       y.noalias() = x * layers.W;
-    } else if (impl == "lowrank") {
-      y = layers.low_rank.forward(x);
-    } else if (impl == "lowrank_kernel") {  // the low-rank twin on bd's own kernel: h = x·U, y = h·Vᵀ
-      bd::kernel::linear_into<float, float>(x.data(), kTokens, kTokens, s.d_in, U.data(), s.d_in, false, r, nullptr, h.data(),
-                                            kTokens);
-      bd::kernel::linear_into<float, float>(h.data(), kTokens, kTokens, r, Vt.data(), r, false, s.d_out, nullptr, y.data(),
-                                            kTokens);
+    } else if (impl == "lowrank") {  // Eigen's products, at the speed of the build's flags
+      h.noalias() = x * U;
+      y.noalias() = h * Vt;
+    } else if (impl == "lowrank_kernel") {  // the low-rank twin on bd's own kernel: LowRankLinear
+      layers.low_rank.forward_into(x, y);
     } else if (impl == "dense_kernel") {
       bd::kernel::linear_into<float, float>(x.data(), kTokens, kTokens, s.d_in, layers.W.data(), s.d_in, false, s.d_out,
                                             nullptr, y.data(), kTokens);

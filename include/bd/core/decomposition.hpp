@@ -83,6 +83,10 @@ public:
   const Matrix& coeff() const { return coeff_; }
   /// Positions of the basis rows (columns) in W, ascending.
   const std::vector<Index>& indices() const { return indices_; }
+  /// The basis and coefficients to update in place (training, where gradients flow through B
+  /// and C): the shapes and indices stay; report() then describes the decomposition as prepared.
+  Matrix& basis_for_update() { return basis_; }
+  Matrix& coeff_for_update() { return coeff_; }
   /// First basis index: the window's offset when the basis is contiguous.
   Index offset() const { return indices_.empty() ? 0 : indices_.front(); }
   /// True when the basis is one contiguous window [offset, offset + rank).

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bd/core/error.hpp"
+#include "bd/io/model_config.hpp"
 #include "bd/io/model_folder.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/llama.hpp"
@@ -78,23 +79,6 @@ struct AttentionLayout {
   /// The weights the QK and VO products need (x·W orientation, double); reads the folder.
   std::function<nn::AttentionWeights<double>()> load;
 };
-
-inline nn::LlamaConfig llama_config(const nlohmann::json& j, const std::string& where) {
-  nn::LlamaConfig c;
-  c.hidden = config_int(j, {"hidden_size"}, where);
-  c.intermediate = config_int(j, {"intermediate_size"}, where);
-  c.layers = config_int(j, {"num_hidden_layers"}, where);
-  c.heads = config_int(j, {"num_attention_heads"}, where);
-  c.kv_heads = config_int_or(j, "num_key_value_heads", c.heads, where);
-  c.vocab = config_int(j, {"vocab_size"}, where);
-  c.head_dim = config_int_or(j, "head_dim", c.hidden / c.heads, where);
-  c.rms_eps = j.value("rms_norm_eps", 1e-5);
-  c.rope_theta = j.value("rope_theta", 10000.0);
-  if (c.heads % c.kv_heads)
-    throw FormatError(bd::detail::message(where, ": num_attention_heads ", c.heads, " is not a multiple of num_key_value_heads ",
-                                          c.kv_heads));
-  return c;
-}
 
 namespace detail {
 
@@ -303,6 +287,12 @@ inline std::vector<AttentionLayout> llama_layers(const ModelFolder& m, std::opti
     ac.head_dim = c.head_dim;
     ac.causal = true;
     ac.rope_theta = c.rope_theta;
+    ac.rope_scaling = c.rope_scaling;
+    ac.sliding_window = c.sliding_window;
+    for (const char* norm : {".q_norm.weight", ".k_norm.weight"})
+      if (m.contains(p + norm))
+        throw RefusedError(message(m.dir(), ": ", p, norm, " is a q/k norm, which bd's attention does not implement; "
+                                   "refusing rather than computing another model"));
     out.push_back(linear_layout(m, p, ac, p + ".q_proj", p + ".k_proj", p + ".v_proj", p + ".o_proj", c.hidden, converted));
   }
   return out;
@@ -311,28 +301,18 @@ inline std::vector<AttentionLayout> llama_layers(const ModelFolder& m, std::opti
 /// DeepSeek-V2/V3 (MLA): the whole layer — query LoRA (q_a_proj, q_a_layernorm, q_b_proj) or
 /// q_proj, the latent (kv_a_proj_with_mqa: d_c rows, then the shared RoPE key's), its norm,
 /// kv_b_proj (per head: nope key rows, then value rows) and o_proj; [out, in], transposed.
-/// The softmax scale is 1/√(nope + rope), times mscale² under YaRN (rope_scaling.mscale_all_dim).
+/// The config (softmax scale, RoPE scheme, interleaving) as model_config.hpp reads it.
 inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
-  const nlohmann::json& j = m.config();
-  const std::string& where = m.config_path();
-  const Eigen::Index d = config_int(j, {"hidden_size"}, where);
-  const Eigen::Index heads = config_int(j, {"num_attention_heads"}, where);
-  const Eigen::Index layers = config_int(j, {"num_hidden_layers"}, where);
-  const Eigen::Index kv_lora = config_int(j, {"kv_lora_rank"}, where);
-  const Eigen::Index nope = config_int(j, {"qk_nope_head_dim"}, where);
-  const Eigen::Index rope = config_int(j, {"qk_rope_head_dim"}, where);
-  const Eigen::Index dv = config_int(j, {"v_head_dim"}, where);
-  const bool q_lora = j.contains("q_lora_rank") && !j.at("q_lora_rank").is_null();
-  const Eigen::Index d_q = q_lora ? config_int(j, {"q_lora_rank"}, where) : d;
-  double scale = 1.0 / std::sqrt(double(nope + rope));
-  if (j.contains("rope_scaling") && j.at("rope_scaling").is_object()) {
-    const auto& r = j.at("rope_scaling");
-    const double factor = r.value("factor", 1.0), mscale_all = r.value("mscale_all_dim", 0.0);
-    if (factor > 1 && mscale_all > 0) {
-      const double mscale = 0.1 * mscale_all * std::log(factor) + 1.0;
-      scale *= mscale * mscale;
-    }
-  }
+  const DeepSeekConfig c = deepseek_config(m.config(), m.config_path());
+  const Eigen::Index d = c.hidden, heads = c.heads, layers = c.layers, kv_lora = c.kv_lora, nope = c.nope, rope = c.rope,
+                     dv = c.v_head_dim;
+  const bool q_lora = c.q_lora > 0;
+  const Eigen::Index d_q = q_lora ? c.q_lora : d;
+  // DeepSeek stores each RoPE vector as interleaved pairs and de-interleaves before rotate_half:
+  // the same permutation of q_pe's and k_pe's channels leaves every score unchanged, so it is
+  // made once here, on the RoPE projections' output columns (the checkpoint keeps its layout).
+  const std::vector<Eigen::Index> q_rope_order = c.interleaved ? nn::deinterleaved_rope_columns(heads, rope) : range(0, heads * rope);
+  const std::vector<Eigen::Index> k_rope_order = c.interleaved ? nn::deinterleaved_rope_columns(1, rope) : range(0, rope);
   const bool qk_gone = converted && nn::has_qk(*converted), vo_gone = converted && nn::has_vo(*converted);
   std::vector<Eigen::Index> q_nope_rows, q_rope_rows, k_rows, v_rows;
   for (Eigen::Index h = 0; h < heads; ++h) {
@@ -350,10 +330,11 @@ inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::o
     a.config.head_dim = nope;
     a.config.v_head_dim = dv;
     a.config.causal = true;
-    a.config.scale = scale;
+    a.config.scale = c.scale;
     a.config.rope_dim = rope;
-    a.config.rope_dim_theta = j.value("rope_theta", 10000.0);
-    a.config.norm_eps = j.value("rms_norm_eps", 1e-6);
+    a.config.rope_dim_theta = c.rope_theta;
+    a.config.rope_scaling = c.rope_scaling;
+    a.config.norm_eps = c.norm_eps;
     a.d_q = d_q;
     a.d_kv = kv_lora;
     a.d_out = d;
@@ -376,18 +357,18 @@ inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::o
       nn::AttentionWeights<double> w;
       const Eigen::MatrixXd latent = m.linear(kv_a, kv_lora + rope, d);  // d × (d_c + rope)
       w.W_dkv = latent.leftCols(kv_lora);
-      w.Wk_rope = latent.rightCols(rope);
+      w.Wk_rope = latent.rightCols(rope)(Eigen::all, k_rope_order);
       if (latent_norm) w.kv_norm = vector(m, kv_a_norm, kv_lora);
       if (q_lora) {
         w.W_qa = m.linear(q_a, d_q, d);  // d × q_lora
         if (q_norm) w.q_norm = vector(m, q_a_norm, d_q);
       }
       if (qk_gone) {
-        w.Wq_rope = m.linear(q_rope_kept, heads * rope, d_q);
+        w.Wq_rope = m.linear(q_rope_kept, heads * rope, d_q)(Eigen::all, q_rope_order);
       } else {
         const Eigen::MatrixXd q = m.linear(q_name, heads * (nope + rope), d_q);  // d_q × n·(nope + rope)
         w.Wq = q(Eigen::all, q_nope_rows);       // d_q × n·nope
-        w.Wq_rope = q(Eigen::all, q_rope_rows);  // d_q × n·rope
+        w.Wq_rope = Eigen::MatrixXd(q(Eigen::all, q_rope_rows))(Eigen::all, q_rope_order);  // d_q × n·rope
       }
       if (!qk_gone && !vo_gone) {
         const Eigen::MatrixXd kv = m.linear(kv_b, heads * (nope + dv), kv_lora);  // d_c × n·(nope + dv)

@@ -33,9 +33,12 @@ nn::LlamaModel<S, Attention> llama_model(const ModelFolder& m, MakeAttention att
   model.final_norm = vec("model.norm.weight", d);
   for (Eigen::Index l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto linear = [&](const std::string& name, Eigen::Index out, Eigen::Index in) {
+      return nn::DenseLinear<S>(stored(m.linear(p + name, out, in)));
+    };
     model.layers.push_back({vec(p + "input_layernorm.weight", d), vec(p + "post_attention_layernorm.weight", d), attention(l),
-                            stored(m.linear(p + "mlp.gate_proj.weight", ff, d)), stored(m.linear(p + "mlp.up_proj.weight", ff, d)),
-                            stored(m.linear(p + "mlp.down_proj.weight", d, ff))});
+                            linear("mlp.gate_proj.weight", ff, d), linear("mlp.up_proj.weight", ff, d),
+                            linear("mlp.down_proj.weight", d, ff)});
   }
   return model;
 }

@@ -20,6 +20,7 @@
 #include "bd/core/error.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/core/validate.hpp"
+#include "bd/nn/rope.hpp"
 
 namespace bd::nn {
 
@@ -34,8 +35,12 @@ struct AttentionConfig {
   double rope_theta = 0;    ///< > 0: vanilla RoPE (rotate_half) on q and k
   Index rope_dim = 0;       ///< > 0: decoupled RoPE channels per head (MLA)
   double rope_dim_theta = 10000;  ///< θ of the decoupled RoPE channels
+  RopeScaling rope_scaling; ///< the RoPE scheme (rope.hpp) of whichever RoPE the layer has
   double scale = 0;         ///< softmax scale; 0: 1/sqrt(head_dim + rope_dim)
   double norm_eps = 1e-6;   ///< RMSNorm epsilon of the latent (MLA)
+  /// > 0: the model masks keys more than this many positions back (Mistral's sliding window).
+  /// bd does not implement that mask: a call that would reach past the window is refused.
+  Index sliding_window = 0;
 
   Index value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   Index group() const { return n_q / n_kv; }
@@ -102,6 +107,7 @@ void validate_attention(const AttentionConfig& c, const AttentionWeights<S>& w) 
     throw RangeError(message("RoPE needs an even head_dim, got ", c.head_dim));
   if (c.rope_dim < 0 || c.rope_dim % 2)
     throw RangeError(message("rope_dim is ", c.rope_dim, ": expected 0 or an even number of decoupled RoPE channels"));
+  c.rope_scaling.validate();
   const Index dv = c.value_dim();
   require_nonempty(w.Wq, "Wq");
   require_nonempty(w.Wk, "Wk");

@@ -1,5 +1,5 @@
 // bd/nn/attention_core.hpp — what dense and BD attention share once q, k, v are projected:
-// rotary embeddings, RMSNorm, softmax(q·kᵀ·scale)·v per head with an optional causal mask (on
+// rotary embeddings (rope.hpp), RMSNorm, softmax(q·kᵀ·scale)·v per head with an optional causal mask (on
 // the kernel's flash attention), and the KV cache.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include "bd/core/error.hpp"
 #include "bd/core/validate.hpp"
 #include "bd/kernel/flash_attention.hpp"
+#include "bd/nn/rope.hpp"
 
 namespace bd::nn {
 
@@ -21,27 +22,6 @@ using Index = Eigen::Index;
 
 template <typename A>
 using MatrixA = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic>;
-
-/// Applies rotate_half RoPE in place to `heads` blocks of `dim` columns; row i has position
-/// first_position + i:  x₁' = x₁·cos − x₂·sin,  x₂' = x₂·cos + x₁·sin,  angle = p·θ^(−2k/dim).
-template <typename A>
-void apply_rope(MatrixA<A>& x, Index heads, Index dim, double theta, Index first_position) {
-  const Index half = dim / 2;
-  for (Index i = 0; i < x.rows(); ++i) {
-    const double p = double(first_position + i);
-    for (Index k = 0; k < half; ++k) {
-      const double angle = p * std::pow(theta, -2.0 * double(k) / double(dim));
-      const A c = A(std::cos(angle)), s = A(std::sin(angle));
-      for (Index h = 0; h < heads; ++h) {
-        A& x1 = x(i, h * dim + k);
-        A& x2 = x(i, h * dim + k + half);
-        const A a = x1, b = x2;
-        x1 = a * c - b * s;
-        x2 = b * c + a * s;
-      }
-    }
-  }
-}
 
 /// RMSNorm over each row: x·g / sqrt(mean(x²) + eps).
 template <typename A, typename Gain>

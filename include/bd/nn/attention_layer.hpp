@@ -12,6 +12,11 @@
 //   absorb_values(Õ)      O (L × n_q·d_v) from Õ_h = P_h·c
 //   layer_shape(), cost_mode(), decomposed()   for the cost model's choice of a chunk's path
 //   config(), shared_weights(), input_dim(), kv_input_dim()
+// and for training (backward(), the gradients in the order of the layer's trainable()):
+//   zero_gradients()                         one zero matrix per trainable tensor
+//   output_backward(O, ∂y, grads)            ∂O; adds the output projection's gradients
+//   queries_backward(x_q, ∂Q, p, grads)      ∂x_q; keys_backward(z, ∂K, p, grads): ∂z
+//   values_backward(z, ∂V, grads)            ∂z
 //
 // z is what keys and values read: x_kv, or the MLA latent RMSNorm(x_kv·W_dkv)·g. Queries read
 // x_q: x, or RMSNorm(x·W_qa)·g_q with a query LoRA. Inputs are read in place (Eigen::Ref).
@@ -23,10 +28,12 @@
 #include <Eigen/Core>
 
 #include "bd/core/error.hpp"
+#include "bd/nn/attention_backward.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"
 #include "bd/nn/attention_steps.hpp"
 #include "bd/nn/cost_model.hpp"
+#include "bd/nn/gradients.hpp"
 #include "bd/nn/latent_cache.hpp"
 
 namespace bd::nn {
@@ -45,6 +52,7 @@ public:
   /// Cross-attention: queries from x, keys and values from x_kv.
   Matrix forward(const Input& x, const Input& x_kv) const {
     require_inputs(x, x_kv);
+    require_window(std::max(x.rows(), x_kv.rows()));
     const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_kv) : Matrix();
     const Input z = has_latent() ? Input(z_storage) : x_kv;
     const Matrix K = self().keys(z, 0), V = self().values(z);
@@ -57,6 +65,7 @@ public:
   Matrix decode(const Input& x_new, Cache& cache) const {
     require_inputs(x_new, x_new);
     const Index start = cache.length();
+    require_window(start + x_new.rows());
     const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_new) : Matrix();
     const Input z = has_latent() ? Input(z_storage) : x_new;
     cache.append(self().keys(z, start), self().values(z), detail::rope_keys<A>(config(), weights(), x_new, start));
@@ -70,6 +79,7 @@ public:
   Matrix prefill(const Input& x_new, Latent& cache, PrefillPath path = PrefillPath::automatic) const {
     detail::require_latent_layer(config(), weights(), "prefill over a latent cache");
     require_inputs(x_new, x_new);
+    require_window(cache.length() + x_new.rows());
     if (path == PrefillPath::automatic) path = plan_chunk(x_new.rows(), cache.length() + x_new.rows()).path;
     if (path == PrefillPath::absorbed) return decode_absorbed(x_new, cache);
     const AttentionConfig& c = config();
@@ -97,6 +107,41 @@ public:
     return self().output(attention->finish());
   }
 
+  /// Training: the backward of forward(x) (self-attention), given ∂y; ∂x and the gradients of
+  /// the layer's trainable() tensors, in their order. The forward is recomputed (keeping only
+  /// each softmax row's log-sum-exp), and attention's backward recomputes its probabilities a
+  /// tile at a time (attention_backward.hpp). MLA (a latent, query LoRA, decoupled RoPE) is not
+  /// implemented and refused.
+  Gradients<A> backward(const Input& x, const Input& dy) const {
+    Gradients<A> g = backward(x, x, dy);
+    g.input += g.kv_input;
+    g.kv_input.resize(0, 0);
+    return g;
+  }
+
+  /// The backward of forward(x, x_kv): ∂x, ∂x_kv and the parameters' gradients.
+  Gradients<A> backward(const Input& x, const Input& x_kv, const Input& dy) const {
+    if (has_latent() || has_lora() || config().rope_dim)
+      throw RefusedError("attention backward: MLA (a latent, query LoRA or decoupled RoPE) is not implemented");
+    require_inputs(x, x_kv);
+    if (dy.rows() != x.rows() || dy.cols() != self().output_dim())
+      throw ShapeError(bd::detail::message("attention backward: dy is ", dy.rows(), "x", dy.cols(), ", expected ", x.rows(), "x",
+                                           self().output_dim()));
+    const AttentionConfig& c = config();
+    const Matrix Q = self().queries(x, 0), K = self().keys(x_kv, 0), V = self().values(x_kv);
+    const AttendSpec spec = detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim, c.value_dim(), 0);
+    std::vector<A> lse;
+    const Matrix O = attend_with_lse<A>(Q, K, V, spec, lse);
+    Gradients<A> g;
+    g.parameters = self().zero_gradients();
+    const Matrix dO = self().output_backward(O, dy, g.parameters);
+    const AttentionInputGrads<A> d = attend_backward<A>(Q, K, V, O, dO, lse, spec);
+    g.input = self().queries_backward(x, d.dQ, 0, g.parameters);
+    g.kv_input = self().keys_backward(x_kv, d.dK, 0, g.parameters);
+    g.kv_input += self().values_backward(x_kv, d.dV, g.parameters);
+    return g;
+  }
+
   /// Context tokens whose K/V (K'/V') prefill recomputes at a time: enough rows that packing the
   /// up-projection's weights once per block costs little against the block's product.
   static constexpr Index recompute_block = 1024;
@@ -114,6 +159,7 @@ public:
   Matrix decode_absorbed(const Input& x_new, Latent& cache) const {
     detail::require_latent_layer(config(), weights(), "absorbed decoding");
     require_inputs(x_new, x_new);
+    require_window(cache.length() + x_new.rows());
     const AttentionConfig& c = config();
     const Index start = cache.length();
     detail::append_latent<A>(c, weights(), x_new, cache);
@@ -136,6 +182,16 @@ private:
 
   void require_inputs(const Input& x, const Input& x_kv) const {
     detail::require_attention_inputs(self().input_dim(), self().kv_input_dim(), x.cols(), x_kv.cols());
+  }
+
+  /// A model with a sliding window masks keys further back than it; bd does not, so a call that
+  /// reaches `positions` tokens (the last position + 1) past the window is refused.
+  void require_window(Index positions) const {
+    const Index window = config().sliding_window;
+    if (window > 0 && positions > window)
+      throw RefusedError(bd::detail::message("sliding_window = ", window, ": this call reaches ", positions,
+                                             " tokens, and bd's attention does not mask keys outside a sliding window "
+                                             "(it computes the layer exactly up to ", window, " tokens)"));
   }
 
   Matrix attend_and_output(const Input& x, const Input& K, const Input& V, const Input& Kr, Index first_position) const {

@@ -66,7 +66,7 @@ template <typename A, typename S>
 MatrixA<A> rope_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_kv, Index first_position) {
   if (c.rope_dim == 0) return MatrixA<A>(x_kv.rows(), 0);
   MatrixA<A> kr = project<A, S>(x_kv, w.Wk_rope);
-  apply_rope(kr, 1, c.rope_dim, c.rope_dim_theta, first_position);
+  apply_rope(kr, 1, c.rope_dim, c.rope_dim_theta, c.rope_scaling, first_position);
   return kr;
 }
 
@@ -75,7 +75,7 @@ template <typename A, typename S>
 MatrixA<A> rope_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position) {
   if (c.rope_dim == 0) return MatrixA<A>(xq.rows(), 0);
   MatrixA<A> qr = project<A, S>(xq, w.Wq_rope);
-  apply_rope(qr, c.n_q, c.rope_dim, c.rope_dim_theta, first_position);
+  apply_rope(qr, c.n_q, c.rope_dim, c.rope_dim_theta, c.rope_scaling, first_position);
   return qr;
 }
 

@@ -38,6 +38,7 @@
 #include "bd/nn/attention_layer.hpp"
 #include "bd/nn/attention_steps.hpp"
 #include "bd/nn/dense_projections.hpp"
+#include "bd/nn/gradients.hpp"
 #include "bd/nn/cost_model.hpp"
 #include "bd/nn/multi_head_attention.hpp"
 #include "bd/nn/projection.hpp"
@@ -243,6 +244,23 @@ public:
 
   Index input_dim() const { return d_q_; }
   Index kv_input_dim() const { return d_kv_in_; }
+  Index output_dim() const { return has_vo(mode_) ? Bo_.cols() : dense_.Wo.cols(); }
+
+  /// Training (the paper's §5.2: the basis and coefficients are the learnable parameters, no
+  /// basis is ever re-selected): views of, for QK, "qk_basis", "qk_bias" (if any), "qk_coeff" —
+  /// or Wq, bq, Wk, bk when QK is left dense — then for VO "vo_coeff", "vo_basis", "vo_bias"
+  /// (if any) — or Wv, bv, Wo, bo.
+  std::vector<Parameter<S>> trainable() {
+    std::vector<Parameter<S>> out;
+    auto add = [&](const char* name, auto& m) {
+      if (m.size()) out.push_back(detail::parameter(name, m));
+    };
+    if (has_qk(mode_)) add("qk_basis", Bq_), add("qk_bias", beta_), add("qk_coeff", Ck_);
+    else add("Wq", dense_.Wq), add("bq", dense_.bq), add("Wk", dense_.Wk), add("bk", dense_.bk);
+    if (has_vo(mode_)) add("vo_coeff", Cv_), add("vo_basis", Bo_), add("vo_bias", bo_);
+    else add("Wv", dense_.Wv), add("bv", dense_.bv), add("Wo", dense_.Wo), add("bo", dense_.bo);
+    return out;
+  }
 
 private:
   friend class AttentionLayer<BDAttention<S>, A>;
@@ -257,14 +275,14 @@ private:
   Matrix queries(const Input& xq, Index first) const {
     if (!has_qk(mode_)) return detail::dense_queries<A>(config_, dense_, xq, first);
     Matrix Q = detail::project<A, S>(xq, Bq_, beta_);  // Q' = x·B + β
-    if (config_.rope_theta > 0) apply_rope(Q, config_.n_q, config_.head_dim, config_.rope_theta, first);  // forced
+    if (config_.rope_theta > 0) apply_rope(Q, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first);  // forced
     return Q;
   }
 
   Matrix keys(const Input& z, Index first) const {
     if (!has_qk(mode_)) return detail::dense_keys<A>(config_, dense_, z, first);
     Matrix K = bd_project<A>(z, qk_idx_, Ck_);  // K'_h = z[S_h] + z[R_h]·C_hᵀ
-    if (config_.rope_theta > 0) apply_rope(K, config_.n_q, config_.head_dim, config_.rope_theta, first);  // forced
+    if (config_.rope_theta > 0) apply_rope(K, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first);  // forced
     return K;
   }
 
@@ -276,6 +294,58 @@ private:
   Matrix output(const Input& O) const {
     if (!has_vo(mode_)) return detail::dense_output<A>(dense_, O);
     return detail::project<A, S>(O, Bo_, bo_);  // y = O'·B_vo + bo'
+  }
+
+  // Backward (attention_layer.hpp), gradients in trainable()'s order. The four parts
+  // [query-side, key-side] of QK and [value-side, output-side] of VO each hold a matrix and
+  // maybe a bias; parts() lists them in that order (one of each pair is the bias slot).
+  struct Part {
+    const Stored* matrix;
+    const StoredVector* bias;
+  };
+  std::vector<Part> parts() const {
+    if (has_qk(mode_) && has_vo(mode_)) return {{&Bq_, &beta_}, {&Ck_, nullptr}, {&Cv_, nullptr}, {&Bo_, &bo_}};
+    if (has_qk(mode_)) return {{&Bq_, &beta_}, {&Ck_, nullptr}, {&dense_.Wv, &dense_.bv}, {&dense_.Wo, &dense_.bo}};
+    if (has_vo(mode_)) return {{&dense_.Wq, &dense_.bq}, {&dense_.Wk, &dense_.bk}, {&Cv_, nullptr}, {&Bo_, &bo_}};
+    return {{&dense_.Wq, &dense_.bq}, {&dense_.Wk, &dense_.bk}, {&dense_.Wv, &dense_.bv}, {&dense_.Wo, &dense_.bo}};
+  }
+  std::vector<Matrix> zero_gradients() const {
+    std::vector<Matrix> g;
+    for (const Part& p : parts()) {
+      g.push_back(Matrix::Zero(p.matrix->rows(), p.matrix->cols()));
+      if (p.bias && p.bias->size()) g.push_back(Matrix::Zero(p.bias->size(), 1));
+    }
+    return g;
+  }
+  /// Index in trainable() of part p's matrix; its bias, if any, follows.
+  std::size_t slot(int p) const {
+    const auto all = parts();
+    std::size_t i = 0;
+    for (int k = 0; k < p; ++k) i += all[std::size_t(k)].bias && all[std::size_t(k)].bias->size() ? 2 : 1;
+    return i;
+  }
+  Matrix dense_backward(int p, const Input& x, const Matrix& dY, std::vector<Matrix>& g) const {
+    const Part part = parts()[std::size_t(p)];
+    const std::size_t i = slot(p);
+    return detail::dense_projection_backward<A, S>(x, dY, *part.matrix, g[i], part.bias->size() ? &g[i + 1] : nullptr);
+  }
+  // Q' = x·B + β and y = O'·B_vo + bo' are dense products; K' and V' are bd_project's.
+  Matrix output_backward(const Matrix& O, const Input& dy, std::vector<Matrix>& g) const { return dense_backward(3, O, dy, g); }
+  Matrix queries_backward(const Input& xq, Matrix dQ, Index first, std::vector<Matrix>& g) const {
+    if (config_.rope_theta > 0) apply_rope(dQ, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first, true);
+    return dense_backward(0, xq, dQ, g);
+  }
+  Matrix keys_backward(const Input& z, Matrix dK, Index first, std::vector<Matrix>& g) const {
+    if (!has_qk(mode_)) {
+      detail::unrotate<A>(config_, dK, config_.n_kv, first);
+      return dense_backward(1, z, dK, g);
+    }
+    if (config_.rope_theta > 0) apply_rope(dK, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first, true);
+    return bd_project_backward<A, S>(z, qk_idx_, Ck_, dK, g[slot(1)]);
+  }
+  Matrix values_backward(const Input& z, const Matrix& dV, std::vector<Matrix>& g) const {
+    if (!has_vo(mode_)) return dense_backward(2, z, dV, g);
+    return bd_project_backward<A, S>(z, vo_idx_, Cv_, dV, g[slot(2)]);
   }
 
   /// Q̃_h[S_h] = q'_h, Q̃_h[R_h] = q'_h·C_hᵀ: per head one product with Ck_h read transposed in

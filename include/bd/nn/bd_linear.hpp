@@ -7,6 +7,9 @@
 // written into y's basis columns S, then h·C read from there and written straight into y's
 // rest columns R with the bias as the accumulators' start. No buffer besides y, no copy pass;
 // narrow storage is converted panel by panel.
+//
+// Backward (training through B and C, the paper's §5.2), from ∂y:
+//   ∂h = ∂y[:, S] + ∂y[:, R]·Cᵀ,  ∂C = hᵀ·∂y[:, R],  ∂B = xᵀ·∂h,  ∂x = ∂h·Bᵀ,  ∂b = Σ_rows ∂y.
 #pragma once
 
 #include <string>
@@ -19,6 +22,8 @@
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/decompose.hpp"
 #include "bd/kernel/gemm.hpp"
+#include "bd/nn/dense_linear.hpp"
+#include "bd/nn/gradients.hpp"
 #include "bd/nn/low_rank_linear.hpp"
 
 namespace bd::nn {
@@ -109,7 +114,9 @@ public:
     second.b = C.data(), second.ldb = C.outerStride();
     second.out = y.data(), second.ldo = y.outerStride();
     second.out_columns = rest_.data();
-    second.init_values = bias_rest_.size() ? bias_rest_.data() : nullptr;
+    Eigen::Matrix<A, Eigen::Dynamic, 1> bias_rest;
+    if (bias_.size()) bias_rest = bias_(rest_).template cast<A>();
+    second.init_values = bias_.size() ? bias_rest.data() : nullptr;
     second.segments.push_back({S_idx.data(), r, 0, output_dim() - r});
     bd::kernel::gemm(second);
     if (bias_.size())
@@ -117,6 +124,35 @@ public:
         const Index s = S_idx[static_cast<std::size_t>(k)];
         y.col(s).array() += static_cast<A>(bias_[s]);
       }
+  }
+
+  /// "basis" (B, d_in × r), "coeff" (C, r × (d_out − r)), then "bias" when there is one.
+  std::vector<Parameter<S>> trainable() {
+    std::vector<Parameter<S>> out{detail::parameter("basis", decomposition_.basis_for_update()),
+                                  detail::parameter("coeff", decomposition_.coeff_for_update())};
+    if (bias_.size()) out.push_back(detail::parameter("bias", bias_));
+    return out;
+  }
+
+  /// How many tensors trainable() lists.
+  std::size_t trainable_count() const { return 2 + (bias_.size() ? 1 : 0); }
+
+  /// ∂x and the gradients of trainable(), given the forward's x and ∂y (h = x·B recomputed).
+  Gradients<A> backward(const ConstRef<A>& x, const ConstRef<A>& dy) const {
+    detail::require_trainable<S, A>();
+    detail::require_linear_call("BDLinear::backward", input_dim(), output_dim(), x.rows(), x.cols(), dy.rows(), dy.cols());
+    const auto& B = decomposition_.basis();
+    const auto& C = decomposition_.coeff();
+    const Matrix h = detail::product(x, B);
+    const Matrix dy_rest = dy(Eigen::all, rest_);
+    Matrix dh = dy(Eigen::all, decomposition_.indices());
+    bd::kernel::matmul_add_into(dy_rest, C.transpose(), dh);
+    Gradients<A> g;
+    g.input = detail::product(dh, B.transpose());
+    g.parameters.push_back(detail::product(x.transpose(), dh));
+    g.parameters.push_back(detail::product(h.transpose(), dy_rest));
+    if (bias_.size()) g.parameters.push_back(detail::column_sums<A>(dy));
+    return g;
   }
 
 private:
@@ -128,14 +164,12 @@ private:
         throw ShapeError(bd::detail::message("BDLinear: bias has ", bias.size(), " entries, expected d_out = ",
                                              decomposition_.cols()));
       bias_ = round_matrix<S>(bias);
-      bias_rest_ = bias_(rest_).template cast<A>();
     }
   }
 
   bd::Decomposition<S> decomposition_;
   std::vector<Index> rest_, inputs_;  // R; 0..d_in−1
   StoredVector bias_;
-  Eigen::Matrix<A, Eigen::Dynamic, 1> bias_rest_;
   double truncation_nmse_ = 0;
 };
 

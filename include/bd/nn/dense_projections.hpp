@@ -7,6 +7,9 @@
 //   y = O·Wo + bo
 // Absorbed MLA (z the latent c): Q̃_h = Q_h·Wk_gᵀ, O_h = Õ_h·Wv_g + bv_g (g = h / group). A key
 // bias adds a constant to each softmax row and drops out of both.
+//
+// Backward of each projection Y = x·W + b (RoPE's rotation transposed first for Q and K):
+//   ∂W = xᵀ·∂Y,  ∂b = Σ_rows ∂Y,  ∂x = ∂Y·Wᵀ.
 #pragma once
 
 #include <Eigen/Core>
@@ -15,20 +18,21 @@
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"
 #include "bd/nn/attention_steps.hpp"
+#include "bd/nn/dense_linear.hpp"
 
 namespace bd::nn::detail {
 
 template <typename A, typename S>
 MatrixA<A> dense_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position) {
   MatrixA<A> Q = project<A, S>(xq, w.Wq, w.bq);
-  if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, first_position);
+  if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, c.rope_scaling, first_position);
   return Q;
 }
 
 template <typename A, typename S>
 MatrixA<A> dense_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& z, Index first_position) {
   MatrixA<A> K = project<A, S>(z, w.Wk, w.bk);
-  if (c.rope_theta > 0) apply_rope(K, c.n_kv, c.head_dim, c.rope_theta, first_position);
+  if (c.rope_theta > 0) apply_rope(K, c.n_kv, c.head_dim, c.rope_theta, c.rope_scaling, first_position);
   return K;
 }
 
@@ -40,6 +44,22 @@ MatrixA<A> dense_values(const AttentionWeights<S>& w, const ConstRef<A>& z) {
 template <typename A, typename S>
 MatrixA<A> dense_output(const AttentionWeights<S>& w, const ConstRef<A>& O) {
   return project<A, S>(O, w.Wo, w.bo);
+}
+
+/// The backward of Y = x·W (+ b): writes ∂W (and ∂b into *db when there is a bias), returns ∂x.
+template <typename A, typename S>
+MatrixA<A> dense_projection_backward(const ConstRef<A>& x, const ConstRef<A>& dY, const StoredMatrix<S>& W, MatrixA<A>& dW,
+                                     MatrixA<A>* db) {
+  require_trainable<S, A>();
+  dW = product(x.transpose(), dY);
+  if (db) *db = column_sums<A>(dY);
+  return product(dY, W.transpose());
+}
+
+/// The rotation's transpose applied to a gradient of rotated queries or keys (`heads` heads).
+template <typename A>
+void unrotate(const AttentionConfig& c, MatrixA<A>& d, Index heads, Index first_position) {
+  if (c.rope_theta > 0) apply_rope(d, heads, c.head_dim, c.rope_theta, c.rope_scaling, first_position, true);
 }
 
 /// Q̃ (L × n_q·d_c): Q̃_h = Q_h·Wk_gᵀ, Wk_g read transposed in place.

@@ -1,8 +1,10 @@
 // bd/nn/llama.hpp — a LLaMA-architecture decoder (RMSNorm, RoPE attention with GQA, SwiGLU
-// MLP), with the attention layer as a template parameter: the dense MultiHeadAttention or BD's
-// BDAttention. Weights are stored in S, arithmetic runs in acc_t<S>; every product is on the
-// dispatched kernel (attention through attention_layer.hpp, the MLP and the head through
-// detail::project).
+// MLP), with the attention layer and the MLP's linear layers as template parameters: the dense
+// MultiHeadAttention or BD's BDAttention with dense MLPs (a pretrained model), or a low-rank-
+// pruned model (ProjectedAttention<LowRankLinear>, LowRankLinear) and its BD form (BDLinear
+// everywhere). Weights are stored in S, arithmetic runs in acc_t<S>; every product is on the
+// dispatched kernel (attention through attention_layer.hpp, the linear layers, the head
+// through detail::project). Decoding keeps a KV cache per layer.
 //
 //   h = E[tokens];  h += attn(rms(h)·g₁);  h += W_down·(silu(W_gate·x) ⊙ W_up·x), x = rms(h)·g₂
 //   logits = rms(h)·g_f · W_lm
@@ -10,6 +12,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -19,25 +22,32 @@
 #include "bd/nn/attention_core.hpp"
 #include "bd/nn/attention_steps.hpp"
 #include "bd/nn/bd_attention.hpp"
+#include "bd/nn/bd_linear.hpp"
+#include "bd/nn/dense_linear.hpp"
+#include "bd/nn/low_rank_linear.hpp"
 #include "bd/nn/multi_head_attention.hpp"
+#include "bd/nn/projected_attention.hpp"
 
 namespace bd::nn {
 
 struct LlamaConfig {
   Index hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, vocab = 0, head_dim = 0;
   double rms_eps = 1e-5, rope_theta = 10000;
+  RopeScaling rope_scaling;   ///< the RoPE scheme (rope.hpp)
+  Index sliding_window = 0;   ///< > 0: keys further back than this are masked (refused when reached)
 };
 
-template <typename S, typename Attention>
+template <typename S, typename Attention = MultiHeadAttention<S>, typename Linear = DenseLinear<S>>
 struct LlamaLayer {
-  using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
   using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
   StoredVector attn_norm, mlp_norm;
   Attention attention;
-  Stored gate, up, down;  ///< x·W orientation: d × ff, d × ff, ff × d
+  Linear gate, up, down;  ///< d → ff, d → ff, ff → d
 };
 
-template <typename S, typename Attention = MultiHeadAttention<S>>
+/// A LLaMA decoder. Attention: MultiHeadAttention, BDAttention or ProjectedAttention<Linear>;
+/// Linear, the MLP's layers: DenseLinear, LowRankLinear or BDLinear.
+template <typename S, typename Attention = MultiHeadAttention<S>, typename Linear = DenseLinear<S>>
 class LlamaModel {
 public:
   using Scalar = S;
@@ -45,7 +55,21 @@ public:
   using Matrix = MatrixA<A>;
   using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
   using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
-  using Layer = LlamaLayer<S, Attention>;
+  using Layer = LlamaLayer<S, Attention, Linear>;
+
+  /// Every layer's keys and values of the tokens decoded so far.
+  class Cache {
+  public:
+    Index length() const { return layers_.empty() ? 0 : layers_.front().length(); }
+    /// Forgets every token after the first `length` (a rejected draft; a benchmark at a fixed context).
+    void truncate(Index length) {
+      for (KVCache<A>& c : layers_) c.truncate(length);
+    }
+
+  private:
+    friend class LlamaModel;
+    std::vector<KVCache<A>> layers_;
+  };
 
   LlamaConfig config;
   Stored embedding;  ///< vocab × d
@@ -54,7 +78,48 @@ public:
   std::vector<Layer> layers;
 
   /// Logits (L × vocab) of a token sequence, causal.
-  Matrix logits(const std::vector<int>& tokens) const {
+  Matrix logits(const std::vector<int>& tokens) const { return run(tokens, nullptr); }
+
+  /// Decoding: the logits of `tokens` (L × vocab) following the cache's tokens, whose keys and
+  /// values the cache gains. Equal to the last L rows of logits() over the whole sequence.
+  Matrix decode(const std::vector<int>& tokens, Cache& cache) const { return run(tokens, &cache); }
+
+  /// Parameters of the decoder layers (attention and MLP; no norms, embedding or head).
+  Index layer_parameters() const {
+    Index n = 0;
+    for (const Layer& l : layers) n += l.attention.parameters() + l.gate.parameters() + l.up.parameters() +
+                                       l.down.parameters();
+    return n;
+  }
+
+  /// The same model with every weight rounded once to T (attention stays dense).
+  template <typename T>
+  LlamaModel<T> cast() const {
+    return convert<T, MultiHeadAttention<T>, DenseLinear<T>>([](const Attention& a) { return a.template cast<T>(); },
+                                                             rounded_linear<T>);
+  }
+
+  /// The model with BD attention in every layer, prepared in double from this model's weights;
+  /// everything is stored in T (the other weights rounded once).
+  template <typename T>
+  LlamaModel<T, BDAttention<T>> with_bd_attention(const BDAttentionOptions& opts) const {
+    return convert<T, BDAttention<T>, DenseLinear<T>>([&](const Attention& a) { return BDAttention<T>::prepare(a, opts); },
+                                                      rounded_linear<T>);
+  }
+
+  /// A low-rank model (ProjectedAttention<LowRankLinear>, LowRankLinear MLP) with every linear
+  /// layer replaced by its BD form (BDLinear::from_low_rank): the same function, r² fewer
+  /// parameters and multiply-adds per layer and token.
+  LlamaModel<S, ProjectedAttention<BDLinear<S>>, BDLinear<S>> with_bd_linear(const bd::Options& opts = {}) const {
+    static_assert(std::is_same_v<Linear, LowRankLinear<S>> && std::is_same_v<Attention, ProjectedAttention<LowRankLinear<S>>>,
+                  "with_bd_linear: a model whose every linear layer is a LowRankLinear");
+    const auto to_bd = [&](const LowRankLinear<S>& l) { return BDLinear<S>::from_low_rank(l, opts); };
+    return convert<S, ProjectedAttention<BDLinear<S>>, BDLinear<S>>(
+        [&](const Attention& a) { return a.map_projections(to_bd); }, to_bd);
+  }
+
+private:
+  Matrix run(const std::vector<int>& tokens, Cache* cache) const {
     Matrix h(static_cast<Index>(tokens.size()), config.hidden);
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       if (tokens[i] < 0 || tokens[i] >= config.vocab)
@@ -62,47 +127,53 @@ public:
                                              config.vocab));
       h.row(static_cast<Index>(i)) = embedding.row(tokens[i]).template cast<A>();
     }
-    for (const Layer& layer : layers) {
-      h += layer.attention.forward(norm(h, layer.attn_norm));
-      const Matrix x = norm(h, layer.mlp_norm);
-      const Matrix gate = detail::project<A, S>(x, layer.gate);
-      const Matrix up = detail::project<A, S>(x, layer.up);
-      const Matrix act = (gate.array() / (A(1) + (-gate.array()).exp()) * up.array()).matrix();  // silu(g)·u
-      h += detail::project<A, S>(act, layer.down);
+    if (cache && cache->layers_.empty()) cache->layers_.resize(layers.size());
+    if (cache && cache->layers_.size() != layers.size())
+      throw ShapeError(bd::detail::message("LlamaModel::decode: the cache holds ", cache->layers_.size(),
+                                           " layers, the model has ", layers.size()));
+    Matrix x, gate, up;
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const Layer& layer = layers[l];
+      x = norm(h, layer.attn_norm);
+      h += cache ? layer.attention.decode(x, cache->layers_[l]) : layer.attention.forward(x);
+      x = norm(h, layer.mlp_norm);
+      gate.resize(x.rows(), layer.gate.output_dim());
+      up.resize(x.rows(), layer.up.output_dim());
+      layer.gate.forward_into(x, gate);
+      layer.up.forward_into(x, up);
+      gate = (gate.array() / (A(1) + (-gate.array()).exp()) * up.array()).matrix();  // silu(g)·u
+      h += layer.down.forward(gate);
     }
     return detail::project<A, S>(norm(h, final_norm), lm_head);
   }
 
-  /// The same model with every weight rounded once to T (attention stays dense).
-  template <typename T>
-  LlamaModel<T> cast() const {
-    return convert<T, MultiHeadAttention<T>>([](const Attention& a) { return a.template cast<T>(); });
-  }
-
-  /// The model with BD attention in every layer, prepared in double from this model's weights;
-  /// everything is stored in T (the other weights rounded once).
-  template <typename T>
-  LlamaModel<T, BDAttention<T>> with_bd_attention(const BDAttentionOptions& opts) const {
-    return convert<T, BDAttention<T>>([&](const Attention& a) { return BDAttention<T>::prepare(a, opts); });
-  }
-
-private:
   Matrix norm(const Matrix& h, const StoredVector& gain) const {
     return rms_norm<A>(h, gain.template cast<A>(), config.rms_eps);
   }
 
-  template <typename T, typename OtherAttention, typename MakeAttention>
-  LlamaModel<T, OtherAttention> convert(MakeAttention&& make) const {
-    auto r = [](const auto& m) { return round_matrix<T>(m.template cast<double>()); };
-    LlamaModel<T, OtherAttention> out;
+  template <typename T>
+  static auto round_stored(const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& m) {
+    return round_matrix<T>(m.template cast<double>());
+  }
+  template <typename T>
+  static Eigen::Matrix<T, Eigen::Dynamic, 1> round_stored(const StoredVector& v) {
+    return round_matrix<T>(v.template cast<double>());
+  }
+  template <typename T>
+  static DenseLinear<T> rounded_linear(const Linear& l) {
+    static_assert(std::is_same_v<Linear, DenseLinear<S>>, "rounding a model's MLP: dense linear layers");
+    return DenseLinear<T>(round_stored<T>(l.weight()), round_stored<T>(l.bias()));
+  }
+  template <typename T, typename OtherAttention, typename OtherLinear, typename MakeAttention, typename MakeLinear>
+  LlamaModel<T, OtherAttention, OtherLinear> convert(MakeAttention&& make, MakeLinear&& linear) const {
+    LlamaModel<T, OtherAttention, OtherLinear> out;
     out.config = config;
-    out.embedding = r(embedding);
-    out.lm_head = r(lm_head);
-    out.final_norm = r(final_norm);
-    for (const Layer& l : layers) {
-      LlamaLayer<T, OtherAttention> layer{r(l.attn_norm), r(l.mlp_norm), make(l.attention), r(l.gate), r(l.up), r(l.down)};
-      out.layers.push_back(std::move(layer));
-    }
+    out.embedding = round_stored<T>(embedding);
+    out.lm_head = round_stored<T>(lm_head);
+    out.final_norm = round_stored<T>(final_norm);
+    for (const Layer& l : layers)
+      out.layers.push_back({round_stored<T>(l.attn_norm), round_stored<T>(l.mlp_norm), make(l.attention), linear(l.gate),
+                            linear(l.up), linear(l.down)});
     return out;
   }
 };

@@ -16,7 +16,9 @@
 // with BDAttention; this class is its dense projection policy (dense_projections.hpp).
 #pragma once
 
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -27,6 +29,7 @@
 #include "bd/nn/attention_layer.hpp"
 #include "bd/nn/cost_model.hpp"
 #include "bd/nn/dense_projections.hpp"
+#include "bd/nn/gradients.hpp"
 
 namespace bd::nn {
 
@@ -39,6 +42,7 @@ public:
   using Input = Eigen::Ref<const Matrix>;
   using Cache = KVCache<A>;
   using Latent = LatentCache<A>;
+  using StoredMatrix = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
 
   MultiHeadAttention() = default;
   MultiHeadAttention(AttentionConfig config, AttentionWeights<S> weights)
@@ -52,6 +56,21 @@ public:
   Index input_dim() const { return detail::query_input_dim(weights_); }
   Index kv_input_dim() const { return weights_.W_dkv.size() ? weights_.W_dkv.rows() : weights_.Wk.rows(); }
   Index output_dim() const { return weights_.Wo.cols(); }
+  /// Parameters of the q, k, v, o projections (BDAttention::parameters()'s dense count).
+  Index parameters() const { return weights_.Wq.size() + weights_.Wk.size() + weights_.Wv.size() + weights_.Wo.size(); }
+
+  /// Training: Wq, bq, Wk, bk, Wv, bv, Wo, bo as views (the biases the layer has; x·W
+  /// orientation). MLA's latent, query LoRA and RoPE projections are not trainable here.
+  std::vector<Parameter<S>> trainable() {
+    std::vector<Parameter<S>> out;
+    auto& w = weights_;
+    for (auto [name, m, b, bias_name] : {std::tuple{"Wq", &w.Wq, &w.bq, "bq"}, std::tuple{"Wk", &w.Wk, &w.bk, "bk"},
+                                         std::tuple{"Wv", &w.Wv, &w.bv, "bv"}, std::tuple{"Wo", &w.Wo, &w.bo, "bo"}}) {
+      out.push_back(detail::parameter(name, *m));
+      if (b->size()) out.push_back(detail::parameter(bias_name, *b));
+    }
+    return out;
+  }
 
   /// The same layer with weights rounded once to T.
   template <typename T>
@@ -73,6 +92,44 @@ private:
   const AttentionShape& layer_shape() const { return shape_; }
   Mode cost_mode() const { return Mode::QKVO; }
   bool decomposed() const { return false; }
+
+  // Backward (attention_layer.hpp): gradients in trainable()'s order, [W, b?] per projection.
+  std::vector<Matrix> zero_gradients() const {
+    std::vector<Matrix> g;
+    const auto& w = weights_;
+    for (auto [m, b] : {std::pair{&w.Wq, &w.bq}, std::pair{&w.Wk, &w.bk}, std::pair{&w.Wv, &w.bv}, std::pair{&w.Wo, &w.bo}}) {
+      g.push_back(Matrix::Zero(m->rows(), m->cols()));
+      if (b->size()) g.push_back(Matrix::Zero(b->size(), 1));
+    }
+    return g;
+  }
+  /// Index in trainable() of projection p's weight (0 q, 1 k, 2 v, 3 o); its bias follows.
+  std::size_t slot(int p) const {
+    const auto& w = weights_;
+    const bool bias[] = {w.bq.size() > 0, w.bk.size() > 0, w.bv.size() > 0, w.bo.size() > 0};
+    std::size_t i = 0;
+    for (int k = 0; k < p; ++k) i += bias[k] ? 2 : 1;
+    return i;
+  }
+  Matrix projection_backward(int p, const Input& x, const Matrix& dY, const StoredMatrix& W, bool bias,
+                             std::vector<Matrix>& g) const {
+    const std::size_t i = slot(p);
+    return detail::dense_projection_backward<A, S>(x, dY, W, g[i], bias ? &g[i + 1] : nullptr);
+  }
+  Matrix output_backward(const Matrix& O, const Input& dy, std::vector<Matrix>& g) const {
+    return projection_backward(3, O, dy, weights_.Wo, weights_.bo.size() > 0, g);
+  }
+  Matrix queries_backward(const Input& xq, Matrix dQ, Index first, std::vector<Matrix>& g) const {
+    detail::unrotate<A>(config_, dQ, config_.n_q, first);
+    return projection_backward(0, xq, dQ, weights_.Wq, weights_.bq.size() > 0, g);
+  }
+  Matrix keys_backward(const Input& z, Matrix dK, Index first, std::vector<Matrix>& g) const {
+    detail::unrotate<A>(config_, dK, config_.n_kv, first);
+    return projection_backward(1, z, dK, weights_.Wk, weights_.bk.size() > 0, g);
+  }
+  Matrix values_backward(const Input& z, const Matrix& dV, std::vector<Matrix>& g) const {
+    return projection_backward(2, z, dV, weights_.Wv, weights_.bv.size() > 0, g);
+  }
 
   AttentionConfig config_;
   AttentionWeights<S> weights_;

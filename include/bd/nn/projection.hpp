@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -22,6 +23,7 @@
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/decomposition.hpp"
 #include "bd/kernel/gemm.hpp"
+#include "bd/kernel/matmul.hpp"
 #include "bd/nn/attention_core.hpp"
 
 namespace bd::nn {
@@ -114,6 +116,34 @@ MatrixA<A> bd_project(const ConstRef<A>& z, const HeadIndices& idx, const Eigen:
   MatrixA<A> out(z.rows(), idx.heads() * idx.head_dim);
   bd_project_into<A, S>(z, idx, C, out, blocking);
   return out;
+}
+
+/// The backward of K'_h = z[:, S_h] + z[:, R_h]·C_h (bd_project): given ∂K', returns ∂z and
+/// writes ∂C (C's shape):  ∂C_h = z[:, R_h]ᵀ·∂K'_h,  ∂z[:, S_h] += ∂K'_h,  ∂z[:, R_h] += ∂K'_h·C_hᵀ.
+/// A shared window's heads read the same z[:, R]: one product each for all of them.
+template <typename A, typename S>
+MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& C,
+                               const ConstRef<A>& dK, MatrixA<A>& dC) {
+  static_assert(std::is_same_v<A, S>, "bd_project_backward: C stored in the arithmetic type");
+  const Index n = idx.heads(), d = idx.head_dim, L = z.rows();
+  if (z.cols() != idx.input_dim || dK.rows() != L || dK.cols() != n * d || C.rows() != idx.input_dim - d || C.cols() != n * d)
+    throw ShapeError("bd_project_backward: z, C and dK do not fit the head indices");
+  MatrixA<A> dz = MatrixA<A>::Zero(L, idx.input_dim);
+  dC.resize(C.rows(), C.cols());
+  for (Index h = 0; h < (idx.shared ? 1 : n); ++h) {
+    const auto& basis = idx.basis[static_cast<std::size_t>(h)];
+    const auto& rest = idx.rest[static_cast<std::size_t>(h)];
+    const Index first = idx.shared ? 0 : h, width = idx.shared ? n * d : d;
+    const MatrixA<A> z_rest = z(Eigen::all, rest);
+    auto dK_h = dK.middleCols(first * d, width);
+    auto dC_h = dC.middleCols(first * d, width);
+    bd::kernel::matmul_into(z_rest.transpose(), dK_h, dC_h);
+    MatrixA<A> dz_rest(L, Index(rest.size()));
+    bd::kernel::matmul_into(dK_h, C.middleCols(first * d, width).transpose(), dz_rest);
+    dz(Eigen::all, rest) += dz_rest;
+    for (Index k = 0; k < width; ++k) dz.col(basis[static_cast<std::size_t>(k % d)]) += dK_h.col(k);
+  }
+  return dz;
 }
 
 /// The plain Eigen expression the kernel must equal: gather, one GEMM per head, add.

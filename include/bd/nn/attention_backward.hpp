@@ -1,0 +1,131 @@
+// bd/nn/attention_backward.hpp — the gradient of O = softmax(Q·Kᵀ·scale, masked)·V for every
+// head (FlashAttention-2's backward, laid out for the CPU). The forward keeps only each row's
+// log-sum-exp ℓ = m + ln l (attend_with_lse); the backward recomputes the probabilities a tile
+// at a time instead of storing an L×L matrix per head:
+//
+//   for each query head h (key head g, value head v), block of queries i, block of keys j:
+//     P   = exp(Q_i·K_jᵀ·scale − ℓ_i)          (masked entries 0)
+//     dV_j += Pᵀ·dO_i,   dP = dO_i·V_jᵀ
+//     dS  = P ⊙ (dP − Δ_i)·scale,  Δ_i = rowsum(dO_i ⊙ O_i)
+//     dQ_i += dS·K_j,    dK_j += dSᵀ·Q_i
+//
+// The tiles' products go through bd::kernel::matmul (the dispatched kernel where they are large
+// enough). Parallel over query heads; a key or value head that several query heads read (GQA,
+// or BD's per-head K' against a shared V) takes their contributions summed in head order, so
+// the result does not depend on the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "bd/core/error.hpp"
+#include "bd/kernel/matmul.hpp"
+#include "bd/nn/attention_core.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace bd::nn {
+
+/// attend() that also returns each row's log-sum-exp of the scaled, masked scores, head-major
+/// (lse[h·L_q + t]): what attend_backward needs to recompute the probabilities.
+template <typename A>
+MatrixA<A> attend_with_lse(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const AttendSpec& s,
+                           std::vector<A>& lse) {
+  if (s.d_rope) throw RefusedError("attention backward: decoupled RoPE (MLA) is not implemented");
+  MatrixA<A> O = MatrixA<A>::Zero(Q.rows(), s.n_q * s.d_v);
+  lse.assign(static_cast<std::size_t>(Q.rows() * s.n_q), -std::numeric_limits<A>::infinity());
+  std::vector<A> sum(lse.size(), A(0));
+  auto a = detail::attention_arguments<A>(Q, K, V, s, nullptr, nullptr, O);
+  a.row_max = lse.data(), a.row_sum = sum.data();
+  bd::kernel::flash_attention(a);
+  bd::kernel::flash_attention_finish(a);
+  for (std::size_t i = 0; i < lse.size(); ++i) lse[i] += std::log(sum[i]);
+  return O;
+}
+
+/// Gradients of attend()'s output with respect to Q, K and V.
+template <typename A>
+struct AttentionInputGrads {
+  MatrixA<A> dQ, dK, dV;
+};
+
+/// dQ, dK, dV from dO, given the forward's Q, K, V, O and lse (attend_with_lse). Shapes as attend's.
+template <typename A>
+AttentionInputGrads<A> attend_backward(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& O,
+                                       const ConstRef<A>& dO, const std::vector<A>& lse, const AttendSpec& s) {
+  using M = MatrixA<A>;
+  const Index Lq = Q.rows(), Lk = K.rows(), n_v = s.n_v ? s.n_v : s.n_k, dq = s.d_qk, dv = s.d_v;
+  if (s.d_rope) throw RefusedError("attention backward: decoupled RoPE (MLA) is not implemented");
+  if (O.rows() != Lq || dO.rows() != Lq || O.cols() != s.n_q * dv || dO.cols() != O.cols() ||
+      Index(lse.size()) != Lq * s.n_q || Q.cols() != s.n_q * dq || K.cols() != s.n_k * dq || V.cols() != n_v * dv ||
+      V.rows() != Lk)
+    throw ShapeError("attend_backward: Q, K, V, O, dO and lse do not fit the spec's heads");
+  AttentionInputGrads<A> g;
+  g.dQ = M::Zero(Lq, s.n_q * dq);
+  // One head's contribution to dK and dV, kept per query head where several share a key or value
+  // head and summed afterwards in head order.
+  const bool shared_k = s.n_k != s.n_q, shared_v = n_v != s.n_q;
+  M dK_parts = M::Zero(Lk, (shared_k ? s.n_q : s.n_k) * dq), dV_parts = M::Zero(Lk, (shared_v ? s.n_q : n_v) * dv);
+  constexpr Index Bq = 128, Bk = 256;
+#ifdef _OPENMP
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && s.n_q > 1)
+#endif
+  for (Index h = 0; h < s.n_q; ++h) {
+    const Index kh = h * s.n_k / s.n_q, vh = h * n_v / s.n_q;
+    const auto Qh = Q.middleCols(h * dq, dq);
+    const auto Kg = K.middleCols(kh * dq, dq);
+    const auto Vg = V.middleCols(vh * dv, dv);
+    const auto dOh = dO.middleCols(h * dv, dv);
+    const Eigen::Matrix<A, Eigen::Dynamic, 1> delta = (dOh.array() * O.middleCols(h * dv, dv).array()).rowwise().sum();
+    auto dQh = g.dQ.middleCols(h * dq, dq);
+    auto dKh = dK_parts.middleCols((shared_k ? h : kh) * dq, dq);
+    auto dVh = dV_parts.middleCols((shared_v ? h : vh) * dv, dv);
+    M S, dP;
+    for (Index i0 = 0; i0 < Lq; i0 += Bq) {
+      const Index bq = std::min(Bq, Lq - i0);
+      const Index last = s.first_query_position + i0 + bq - 1;  // the block's last query position
+      const Index k_end = s.causal ? std::min(Lk, last + 1 - s.first_key_position) : Lk;
+      for (Index j0 = 0; j0 < k_end; j0 += Bk) {
+        const Index bk = std::min(Bk, k_end - j0);
+        S.resize(bq, bk);
+        bd::kernel::matmul_into(Qh.middleRows(i0, bq), Kg.middleRows(j0, bk).transpose(), S);
+        for (Index j = 0; j < bk; ++j)
+          for (Index i = 0; i < bq; ++i) {
+            const Index t = i0 + i;
+            const bool masked = s.causal && s.first_key_position + j0 + j > s.first_query_position + t;
+            S(i, j) = masked ? A(0) : std::exp(S(i, j) * A(s.scale) - lse[std::size_t(h * Lq + t)]);
+          }
+        // S now holds P.
+        auto dV_block = dVh.middleRows(j0, bk);
+        bd::kernel::matmul_add_into(S.transpose(), dOh.middleRows(i0, bq), dV_block);
+        dP.resize(bq, bk);
+        bd::kernel::matmul_into(dOh.middleRows(i0, bq), Vg.middleRows(j0, bk).transpose(), dP);
+        for (Index j = 0; j < bk; ++j)
+          for (Index i = 0; i < bq; ++i) S(i, j) *= (dP(i, j) - delta(i0 + i)) * A(s.scale);
+        // S now holds dS.
+        auto dQ_block = dQh.middleRows(i0, bq);
+        bd::kernel::matmul_add_into(S, Kg.middleRows(j0, bk), dQ_block);
+        auto dK_block = dKh.middleRows(j0, bk);
+        bd::kernel::matmul_add_into(S.transpose(), Qh.middleRows(i0, bq), dK_block);
+      }
+    }
+  }
+  auto reduce = [](const M& parts, bool shared, Index heads, Index n_q, Index d, Index rows) {
+    if (!shared) return parts;
+    M out = M::Zero(rows, heads * d);
+    for (Index h = 0; h < n_q; ++h) out.middleCols((h * heads / n_q) * d, d) += parts.middleCols(h * d, d);
+    return out;
+  };
+  g.dK = reduce(dK_parts, shared_k, s.n_k, s.n_q, dq, Lk);
+  g.dV = reduce(dV_parts, shared_v, n_v, s.n_q, dv, Lk);
+  return g;
+}
+
+}  // namespace bd::nn

@@ -1,0 +1,206 @@
+// Gradients flow through B and C (the paper's §5.2): every backward pass — the linear layers
+// (dense, low-rank, BD) and the attention layers (dense, BD with a shared window at several
+// positions or per-head pivoted bases, attention over linear layers) — against central finite
+// differences in double, for the input(s) and every trainable tensor: MHA, GQA, biases, RoPE,
+// causal and not, cross-attention, sequences longer than the backward's tiles.
+#include <bd/nn/bd_linear.hpp>
+#include <bd/nn/llama.hpp>
+
+#include <functional>
+#include <random>
+
+#include "nn_support.hpp"
+
+using bd::nn::BDAttention;
+using bd::nn::BDAttentionOptions;
+using bd::nn::BDLinear;
+using bd::nn::DenseLinear;
+using bd::nn::LowRankLinear;
+using bd::nn::Mode;
+using bd_test::gaussian;
+using Catch::Contains;
+using Eigen::Index;
+using Eigen::MatrixXd;
+
+namespace {
+
+/// ∂/∂value of loss() by central differences (value restored).
+double central_difference(const std::function<double()>& loss, double& value) {
+  const double v = value, h = 1e-6 * std::max(1.0, std::abs(v));
+  value = v + h;
+  const double up = loss();
+  value = v - h;
+  const double down = loss();
+  value = v;
+  return (up - down) / (2 * h);
+}
+
+/// The largest relative difference between finite differences and the analytic gradient over
+/// up to `samples` entries of `target`, relative to the gradient's largest entry (entries near
+/// zero are compared on the tensor's scale, not their own).
+double worst_error(const std::function<double()>& loss, Eigen::Ref<MatrixXd> target, const MatrixXd& analytic, unsigned seed,
+                   int samples = 10) {
+  REQUIRE(analytic.rows() == target.rows());
+  REQUIRE(analytic.cols() == target.cols());
+  // A gradient that is zero by the algebra (a key bias shifts each softmax row by a constant)
+  // is held to the finite differences' own noise, 1e-7 absolute, scaled to read against 1e-6.
+  const double largest = analytic.cwiseAbs().maxCoeff();
+  const bool zero = largest < 1e-12;
+  const double scale = zero ? 0.1 : largest;
+  std::mt19937 rng(seed);
+  double worst = 0;
+  for (int s = 0; s < samples; ++s) {
+    const Index i = Index(rng() % std::uint32_t(target.rows())), j = Index(rng() % std::uint32_t(target.cols()));
+    const double fd = central_difference(loss, target(i, j));
+    worst = std::max(worst, std::abs(fd - analytic(i, j)) / scale);
+  }
+  return worst;
+}
+
+constexpr double kBound = 1e-6;
+
+/// Checks every gradient of a layer: loss = Σ forward(x, x_kv) ⊙ R, so ∂loss/∂y = R.
+template <typename Layer, typename Forward, typename Backward>
+void check_layer(Layer& layer, Forward forward, Backward backward, MatrixXd x, MatrixXd x_kv, bool cross, unsigned seed) {
+  const MatrixXd R = gaussian(x.rows(), forward(x, x_kv).cols(), seed);
+  const auto g = backward(x, x_kv, R);
+  auto loss = [&] { return (forward(x, x_kv).array() * R.array()).sum(); };
+  INFO("input");
+  CHECK(worst_error(loss, x, g.input, seed + 1) <= kBound);
+  if (cross) {
+    INFO("key/value input");
+    CHECK(worst_error(loss, x_kv, g.kv_input, seed + 2) <= kBound);
+  }
+  auto params = layer.trainable();
+  REQUIRE(params.size() == g.parameters.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    INFO("parameter " << params[i].name);
+    CHECK(worst_error(loss, params[i].value, g.parameters[i], seed + 3 + unsigned(i)) <= kBound);
+  }
+}
+
+template <typename Linear>
+void check_linear(Linear layer, Index L, unsigned seed) {
+  const MatrixXd x = gaussian(L, layer.input_dim(), seed);
+  check_layer(
+      layer, [&](const MatrixXd& in, const MatrixXd&) { return MatrixXd(layer.forward(in)); },
+      [&](const MatrixXd& in, const MatrixXd&, const MatrixXd& dy) { return layer.backward(in, dy); }, x, MatrixXd(), false, seed);
+}
+
+/// Self-attention (x_kv ignored) or cross-attention.
+template <typename Layer>
+void check_attention(Layer layer, Index L, Index L_kv, bool cross, unsigned seed) {
+  const MatrixXd x = gaussian(L, layer.input_dim(), seed), x_kv = gaussian(L_kv, layer.kv_input_dim(), seed + 50);
+  check_layer(
+      layer,
+      [&](const MatrixXd& in, const MatrixXd& kv) { return MatrixXd(cross ? layer.forward(in, kv) : layer.forward(in)); },
+      [&](const MatrixXd& in, const MatrixXd& kv, const MatrixXd& dy) {
+        return cross ? layer.backward(in, kv, dy) : layer.backward(in, dy);
+      },
+      x, x_kv, cross, seed);
+}
+
+}  // namespace
+
+TEST_CASE("linear layers: dense, low-rank and BD gradients equal finite differences", "[gradients][linear]") {
+  const LowRankLinear<double> low_rank(gaussian(40, 9, 1) / 6, gaussian(30, 9, 2) / 3, gaussian(30, 1, 3));
+  SECTION("dense") { check_linear(DenseLinear<double>(gaussian(40, 30, 4) / 6, gaussian(30, 1, 5)), 7, 10); }
+  SECTION("low-rank") { check_linear(low_rank, 7, 20); }
+  for (bd::Basis basis : {bd::Basis::First, bd::Basis::Last, bd::Basis::Pivoted}) {
+    INFO("BD basis " << bd::to_string(basis));
+    check_linear(BDLinear<double>::from_low_rank(low_rank, bd::Options{}.with_basis(basis)), 7, 30);
+  }
+}
+
+TEST_CASE("BD linear: the gradient of y with respect to B and C is the low-rank layer's pulled back", "[gradients][linear]") {
+  // ∂x is a property of the function, so BD's equals the low-rank layer's it was prepared from.
+  const LowRankLinear<double> low_rank(gaussian(24, 5, 6) / 5, gaussian(18, 5, 7) / 2);
+  const auto bd_layer = BDLinear<double>::from_low_rank(low_rank);
+  const MatrixXd x = gaussian(4, 24, 8), dy = gaussian(4, 18, 9);
+  CHECK(bd_test::max_rel(bd_layer.backward(x, dy).input, low_rank.backward(x, dy).input) < 1e-12);
+  CHECK(bd_layer.trainable_count() == 2);
+}
+
+TEST_CASE("dense attention gradients equal finite differences: MHA, GQA, biases, RoPE, causal, cross", "[gradients][attention]") {
+  struct Case {
+    const char* name;
+    bd_test::LayerSpec spec;
+    Index L, L_kv;
+    bool cross;
+  };
+  bd_test::LayerSpec mha, gqa, rope, cross, longer;
+  mha.n_q = mha.n_kv = 3, mha.head_dim = 6, mha.d_q = mha.d_kv = mha.d_out = 18, mha.biases = true, mha.causal = true;
+  gqa = mha, gqa.n_q = 6, gqa.n_kv = 2, gqa.head_dim = 4, gqa.d_q = gqa.d_kv = 20, gqa.d_out = 16, gqa.causal = false;
+  rope = mha, rope.rope_theta = 100;
+  cross = mha, cross.causal = false, cross.d_kv = 14, cross.d_out = 11;
+  longer = mha, longer.biases = false, longer.n_q = longer.n_kv = 2, longer.head_dim = 4, longer.d_q = longer.d_kv = 8;
+  longer.d_out = 8;
+  for (const Case& c : {Case{"MHA, biases, causal", mha, 9, 9, false}, Case{"GQA 3:1, not causal", gqa, 7, 7, false},
+                        Case{"RoPE", rope, 8, 8, false}, Case{"cross-attention", cross, 5, 11, true},
+                        Case{"300 tokens: several query and key tiles", longer, 300, 300, false}}) {
+    INFO(c.name);
+    check_attention(bd_test::random_attention(c.spec, 7), c.L, c.L_kv, c.cross, 40);
+  }
+}
+
+TEST_CASE("BD attention gradients flow through B and C: windows at several offsets, pivoted heads, GQA, biases",
+          "[gradients][attention][bd]") {
+  bd_test::LayerSpec s;
+  s.n_q = s.n_kv = 3, s.head_dim = 5, s.d_q = s.d_kv = 17, s.d_out = 13, s.biases = true, s.causal = true;
+  bd_test::LayerSpec gqa = s;
+  gqa.n_q = 4, gqa.n_kv = 2, gqa.causal = false;
+  const auto allow = [](bd::Basis b, Mode m) {
+    return BDAttentionOptions{}.with_basis(b).with_mode(m).with_cost_policy(bd::nn::CostPolicy::Allow);
+  };
+  for (bd::Basis basis : {bd::Basis::First, bd::Basis::Last, bd::Basis::OffsetSearch, bd::Basis::Pivoted})
+    for (Mode mode : {Mode::QKVO, Mode::QK, Mode::VO}) {
+      INFO("basis " << bd::to_string(basis) << ", mode " << bd::nn::to_string(mode));
+      const auto layer = BDAttention<double>::prepare(bd_test::random_attention(s, 8), allow(basis, mode));
+      check_attention(layer, 8, 8, false, 60);
+    }
+  INFO("GQA, cross-attention");
+  bd_test::LayerSpec cross = gqa;
+  cross.d_kv = 12;
+  check_attention(BDAttention<double>::prepare(bd_test::random_attention(cross, 9), allow(bd::Basis::Pivoted, Mode::QKVO)), 6, 9,
+                  true, 70);
+}
+
+TEST_CASE("BD attention's gradient with respect to its input is the dense layer's", "[gradients][attention][bd]") {
+  bd_test::LayerSpec s;
+  s.n_q = s.n_kv = 4, s.head_dim = 8, s.d_q = s.d_kv = s.d_out = 32, s.biases = true, s.causal = true;
+  const auto dense = bd_test::random_attention(s, 11);
+  const auto bd_layer = BDAttention<double>::prepare(dense, BDAttentionOptions{}.with_basis(bd::Basis::First));
+  const MatrixXd x = gaussian(10, 32, 12), dy = gaussian(10, 32, 13);
+  CHECK(bd_test::max_rel(bd_layer.backward(x, dy).input, dense.backward(x, dy).input) < 1e-11);
+  // BD's trainable tensors hold d_h² fewer values per head and product than MHA's.
+  auto d = dense;
+  auto b = bd_layer;
+  Index dense_count = 0, bd_count = 0;
+  for (const auto& p : d.trainable()) dense_count += p.value.rows() * p.value.cols();
+  for (const auto& p : b.trainable()) bd_count += p.value.rows() * p.value.cols();
+  const Index bias_change = 4 * 8 + 4 * 8 - 0;  // bk and bv drop out (folded or constant per row)
+  CHECK(dense_count - bd_count == 2 * 4 * 8 * 8 + bias_change);
+}
+
+TEST_CASE("attention over low-rank and BD linear layers: gradients equal finite differences", "[gradients][attention][linear]") {
+  bd::nn::AttentionConfig c;
+  c.n_q = 4, c.n_kv = 2, c.head_dim = 4, c.causal = true, c.rope_theta = 1000;
+  auto lr = [](Index in, Index out, unsigned seed) {
+    return LowRankLinear<double>(gaussian(in, 5, seed) / 4, gaussian(out, 5, seed + 1) / 2, gaussian(out, 1, seed + 2) / 5);
+  };
+  const bd::nn::ProjectedAttention<LowRankLinear<double>> low_rank(c, lr(16, 16, 1), lr(16, 8, 4), lr(16, 8, 7), lr(16, 16, 10));
+  check_attention(low_rank, 7, 7, false, 80);
+  const auto bd_form = low_rank.map_projections([](const LowRankLinear<double>& l) { return BDLinear<double>::from_low_rank(l); });
+  check_attention(bd_form, 7, 7, false, 90);
+}
+
+TEST_CASE("backward refuses MLA and shapes that do not fit", "[gradients][bad-input]") {
+  bd_test::LayerSpec s;
+  s.d_model_kv = 40, s.rope_dim = 4;
+  const auto mla = bd_test::random_attention(s, 3);
+  CHECK_THROWS_WITH(mla.backward(gaussian(3, 48, 1), gaussian(3, 48, 2)), Contains("MLA"));
+  const auto mha = bd_test::random_attention(bd_test::LayerSpec{}, 4);
+  CHECK_THROWS_WITH(mha.backward(gaussian(3, 48, 1), gaussian(2, 48, 2)), Contains("dy is 2x48, expected 3x48"));
+  const DenseLinear<double> linear(gaussian(5, 4, 1));
+  CHECK_THROWS_WITH(linear.backward(gaussian(2, 5, 1), gaussian(2, 3, 2)), Contains("output is 2x3, expected 2x4"));
+}
