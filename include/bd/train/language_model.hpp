@@ -1,0 +1,228 @@
+// bd/train/language_model.hpp — a decoder-only Transformer language model, trainable with
+// either attention: MHA (nn::MultiHeadAttention) or BDA (nn::BDAttention, whose basis and
+// coefficients are the learnable parameters: the paper's §5.2). Positions are added at the
+// embedding (sinusoidal), so attention has no RoPE and BD is exact on QK and VO.
+//
+//   x = embed(tokens);  for each block:  x += attention(RMSNorm(x));  x += FFN(RMSNorm(x))
+//   logits = RMSNorm(x)·W_head;   loss = mean cross-entropy of each next token
+//
+// A BDA model made by to_bd() from an MHA model computes the same function: both start from the
+// same point. The model's tensors are registered once, in a fixed order, in one ParameterSet;
+// the model can be moved, not copied (the set views its tensors in place).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "bd/core/error.hpp"
+#include "bd/io/safetensors.hpp"
+#include "bd/nn/bd_attention.hpp"
+#include "bd/nn/dense_linear.hpp"
+#include "bd/nn/multi_head_attention.hpp"
+#include "bd/train/layers.hpp"
+#include "bd/train/parameters.hpp"
+
+namespace bd::train {
+
+struct ModelConfig {
+  Index vocab = 256;   ///< bytes
+  Index dim = 128;     ///< d
+  Index heads = 4;     ///< d_h = d / heads (1/4 of d with 4 heads, as the paper's model)
+  Index layers = 2;
+  Index ffn = 256;     ///< the feed-forward block's hidden width
+  Index context = 128; ///< tokens per sequence
+
+  void validate() const {
+    if (vocab <= 0 || dim <= 0 || heads <= 0 || layers <= 0 || ffn <= 0 || context <= 0 || dim % heads)
+      throw RangeError(bd::detail::message("model config: vocab ", vocab, ", dim ", dim, ", heads ", heads, ", layers ", layers,
+                                           ", ffn ", ffn, ", context ", context,
+                                           ": expected positive sizes with dim a multiple of heads"));
+  }
+};
+
+template <typename Attention>
+class LanguageModel {
+public:
+  using T = typename Attention::Scalar;
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "training runs in float or double");
+
+  /// A freshly initialised model (MHA), every draw from `seed`.
+  LanguageModel(const ModelConfig& c, std::uint64_t seed) : config_(c) {
+    static_assert(std::is_same_v<Attention, nn::MultiHeadAttention<T>>, "initialise an MHA model, then to_bd()");
+    c.validate();
+    std::mt19937_64 rng(seed);
+    embed_ = Embedding<T>(c.vocab, c.dim, rng);
+    nn::AttentionConfig ac;
+    ac.n_q = ac.n_kv = c.heads;
+    ac.head_dim = c.dim / c.heads;
+    ac.causal = true;
+    for (Index l = 0; l < c.layers; ++l) {
+      nn::AttentionWeights<T> w;
+      w.Wq = glorot<T>(c.dim, c.dim, rng), w.Wk = glorot<T>(c.dim, c.dim, rng);
+      w.Wv = glorot<T>(c.dim, c.dim, rng), w.Wo = glorot<T>(c.dim, c.dim, rng);
+      blocks_.push_back({RMSNorm<T>(c.dim), Attention(ac, std::move(w)), RMSNorm<T>(c.dim), FeedForward<T>(c.dim, c.ffn, rng)});
+    }
+    final_ = RMSNorm<T>(c.dim);
+    head_ = nn::DenseLinear<T>(glorot<T>(c.dim, c.vocab, rng));
+    register_parameters();
+  }
+
+  LanguageModel(const LanguageModel&) = delete;
+  LanguageModel& operator=(const LanguageModel&) = delete;
+  LanguageModel(LanguageModel&& other) noexcept = default;  // the tensors' buffers move with it
+  LanguageModel& operator=(LanguageModel&&) = delete;
+
+  /// The same function with every attention layer basis-decomposed (QK and VO, the given basis
+  /// strategy), prepared in double from this model's weights.
+  LanguageModel<nn::BDAttention<T>> to_bd(const nn::BDAttentionOptions& opts) const {
+    std::vector<typename LanguageModel<nn::BDAttention<T>>::Block> blocks;
+    for (const Block& b : blocks_)
+      blocks.push_back({b.norm1, nn::BDAttention<T>::prepare(b.attention, opts), b.norm2, b.ffn});
+    return LanguageModel<nn::BDAttention<T>>(config_, embed_, std::move(blocks), final_, head_);
+  }
+
+  const ModelConfig& config() const { return config_; }
+  ParameterSet<T>& parameters() { return params_; }
+  Index parameter_count() const { return params_.size(); }
+  /// Trainable values in the attention layers alone (what BD changes).
+  Index attention_parameter_count() const {
+    Index n = 0;
+    for (std::size_t b = 0; b < blocks_.size(); ++b)
+      for (std::size_t i = attention_first_[b]; i < attention_first_[b] + attention_count_[b]; ++i) n += params_[i].value.size();
+    return n;
+  }
+
+  /// Mean next-token loss over windows of context + 1 tokens each (stacked): token t of a window
+  /// predicts token t + 1.
+  double loss(const std::vector<int>& windows) const { return run(windows, nullptr); }
+
+  /// The same loss, with its gradient added to parameters().gradient().
+  double loss_and_gradient(const std::vector<int>& windows) { return run(windows, &params_); }
+
+  /// Every trainable tensor into a safetensors file (atomically), by its name.
+  void save(const std::string& path) const {
+    io::Writer w;
+    for (std::size_t i = 0; i < params_.count(); ++i) w.add<T>(params_[i].name, params_[i].value);
+    w.set_metadata("bd.train.attention", std::is_same_v<Attention, nn::BDAttention<T>> ? "bda" : "mha");
+    w.write(path);
+  }
+
+  /// Values from a file save() wrote for a model of this structure (every name and shape checked).
+  void load(const std::string& path) {
+    const auto st = io::SafeTensors::open(path);
+    for (std::size_t i = 0; i < params_.count(); ++i) {
+      const auto m = st.matrix<T>(params_[i].name);
+      if (m.rows() != params_[i].value.rows() || m.cols() != params_[i].value.cols())
+        throw FormatError(bd::detail::message(path, ": ", params_[i].name, " is ", m.rows(), "x", m.cols(), ", the model's ",
+                                              params_[i].value.rows(), "x", params_[i].value.cols()));
+      params_[i].value = m;
+    }
+  }
+
+private:
+  template <typename>
+  friend class LanguageModel;
+
+  struct Block {
+    RMSNorm<T> norm1;
+    Attention attention;
+    RMSNorm<T> norm2;
+    FeedForward<T> ffn;
+  };
+
+  LanguageModel(const ModelConfig& c, Embedding<T> embed, std::vector<Block> blocks, RMSNorm<T> final_norm, nn::DenseLinear<T> head)
+      : config_(c), embed_(std::move(embed)), blocks_(std::move(blocks)), final_(std::move(final_norm)), head_(std::move(head)) {
+    register_parameters();
+  }
+
+  void register_parameters() {
+    embed_first_ = params_.add("embed.", embed_.trainable());
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      const std::string p = "blocks." + std::to_string(b) + ".";
+      Block& block = blocks_[b];
+      norm1_first_.push_back(params_.add(p + "norm1.", block.norm1.trainable()));
+      const auto attention = block.attention.trainable();
+      attention_first_.push_back(params_.add(p + "attention.", attention));
+      attention_count_.push_back(attention.size());
+      norm2_first_.push_back(params_.add(p + "norm2.", block.norm2.trainable()));
+      ffn_first_.push_back(params_.add(p + "ffn.", block.ffn.trainable()));
+    }
+    final_first_ = params_.add("final_norm.", final_.trainable());
+    head_first_ = params_.add("head.", head_.trainable());
+  }
+
+  /// Forward over the windows; with `grad`, the backward too, accumulated into it.
+  double run(const std::vector<int>& windows, ParameterSet<T>* grad) const {
+    const Index L = config_.context, W = L + 1;
+    if (windows.empty() || Index(windows.size()) % W)
+      throw ShapeError(bd::detail::message("LanguageModel: ", windows.size(), " tokens are not whole windows of ", W));
+    const Index count = Index(windows.size()) / W;
+    std::vector<int> inputs, targets;
+    for (Index s = 0; s < count; ++s) {
+      inputs.insert(inputs.end(), windows.begin() + s * W, windows.begin() + s * W + L);
+      targets.insert(targets.end(), windows.begin() + s * W + 1, windows.begin() + (s + 1) * W);
+    }
+    struct Saved {
+      Matrix<T> x, n1, mid, n2;
+    };
+    std::vector<Saved> saved(blocks_.size());
+    Matrix<T> x = embed_.forward(inputs, L);
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      const Block& block = blocks_[b];
+      Saved& s = saved[b];
+      s.x = x;
+      s.n1 = block.norm1.forward(x);
+      for (Index q = 0; q < count; ++q) x.middleRows(q * L, L) += block.attention.forward(s.n1.middleRows(q * L, L));
+      s.mid = x;
+      s.n2 = block.norm2.forward(x);
+      x += block.ffn.forward(s.n2);
+    }
+    const Matrix<T> normed = final_.forward(x);
+    const Matrix<T> logits = head_.forward(normed);
+    Matrix<T> d_logits;
+    const double loss = cross_entropy(logits, targets, grad ? &d_logits : nullptr);
+    if (!grad) return loss;
+
+    nn::Gradients<T> head = head_.backward(normed, d_logits);
+    grad->accumulate(head_first_, head.parameters);
+    nn::Gradients<T> fin = final_.backward(x, head.input);
+    grad->accumulate(final_first_, fin.parameters);
+    Matrix<T> dx = std::move(fin.input);
+    for (std::size_t b = blocks_.size(); b-- > 0;) {
+      const Block& block = blocks_[b];
+      const Saved& s = saved[b];
+      nn::Gradients<T> ffn = block.ffn.backward(s.n2, dx);
+      grad->accumulate(ffn_first_[b], ffn.parameters);
+      nn::Gradients<T> n2 = block.norm2.backward(s.mid, ffn.input);
+      grad->accumulate(norm2_first_[b], n2.parameters);
+      dx += n2.input;  // ∂ at the block's middle
+      Matrix<T> d_n1(dx.rows(), dx.cols());
+      for (Index q = 0; q < count; ++q) {
+        nn::Gradients<T> a = block.attention.backward(s.n1.middleRows(q * L, L), dx.middleRows(q * L, L));
+        grad->accumulate(attention_first_[b], a.parameters);
+        d_n1.middleRows(q * L, L) = a.input;
+      }
+      nn::Gradients<T> n1 = block.norm1.backward(s.x, d_n1);
+      grad->accumulate(norm1_first_[b], n1.parameters);
+      dx += n1.input;
+    }
+    grad->accumulate(embed_first_, embed_.backward(inputs, dx));
+    return loss;
+  }
+
+  ModelConfig config_;
+  Embedding<T> embed_;
+  std::vector<Block> blocks_;
+  RMSNorm<T> final_;
+  nn::DenseLinear<T> head_;
+  ParameterSet<T> params_;
+  std::size_t embed_first_ = 0, final_first_ = 0, head_first_ = 0;
+  std::vector<std::size_t> norm1_first_, attention_first_, attention_count_, norm2_first_, ffn_first_;
+};
+
+}  // namespace bd::train
