@@ -19,6 +19,10 @@
 // bounded by their share of its work, which the `kv_share` counter reports (from the FLOP count).
 #include <benchmark/benchmark.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -98,10 +102,15 @@ void layer_counters(benchmark::State& state, const LayerFlops& f, const LayerFlo
 }
 
 /// The memory a step adds at its peak over what was resident before it (Linux: VmHWM, reset
-/// through /proc/self/clear_refs; 0 where that is not available), in MB.
+/// through /proc/self/clear_refs; 0 where that is not available), in MB. Free heap memory is
+/// handed back first (malloc_trim: preparing the layers leaves gigabytes of it resident in the
+/// allocator's arenas, which the step would reuse unseen).
 class PeakMemory {
 public:
   PeakMemory() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
     std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM ← VmRSS
     before_ = status_kb("VmRSS:");
   }

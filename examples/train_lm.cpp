@@ -4,8 +4,12 @@
 // initialisation, so both start from the same function.
 //
 //   train_lm [--attention mha|bda] [--lr-scale S] [--steps N] [--corpus PATH] [--seed K]
-//            [--batch B] [--context L] [--dim D] [--heads H] [--layers N] [--ffn F] [--warmup W]
-//            [--log-every N] [--eval-every N] [--curve CSV] [--save FILE] [--threads N]
+//            [--basis first|pivoted|…] [--batch B] [--context L] [--dim D] [--heads H] [--layers N]
+//            [--ffn F] [--warmup W] [--log-every N] [--eval-every N] [--curve CSV] [--save FILE]
+//            [--threads N]
+//
+// --basis is the BD basis BDA is prepared with from the MHA initialisation (default first: the
+// paper's contiguous window; pivoted: each head's own rows by QR with column pivoting, |C| ≲ 1).
 //
 // The corpus defaults to the King James Bible as Debian's bible-kjv prints it (`bible
 // Gen1:1-Rev22:21`, packages bible-kjv and bible-kjv-text); its last 10 % is held out. One
@@ -30,7 +34,7 @@
 namespace {
 
 struct Args {
-  std::string attention = "mha", corpus, curve, save;
+  std::string attention = "mha", corpus, curve, save, basis = "first";
   double lr_scale = 1, warmup = 400;
   long steps = 2000, log_every = 100, eval_every = 0, batch = 16;
   std::uint64_t seed = 1;
@@ -41,8 +45,9 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "train_lm: " << why
             << "\nusage: train_lm [--attention mha|bda] [--lr-scale S] [--steps N] [--corpus PATH] [--seed K]\n"
-               "                [--batch B] [--context L] [--dim D] [--heads H] [--layers N] [--ffn F] [--warmup W]\n"
-               "                [--log-every N] [--eval-every N] [--curve CSV] [--save FILE] [--threads N]\n";
+               "                [--basis first|pivoted|...] [--batch B] [--context L] [--dim D] [--heads H] [--layers N]\n"
+               "                [--ffn F] [--warmup W] [--log-every N] [--eval-every N] [--curve CSV] [--save FILE]\n"
+               "                [--threads N]\n";
   std::exit(2);
 }
 
@@ -61,6 +66,9 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage("--attention needs mha or bda");
       a.attention = argv[++i];
       if (a.attention != "mha" && a.attention != "bda") usage("--attention is mha or bda, got '" + a.attention + "'");
+    } else if (k == "--basis") {
+      if (i + 1 >= argc) usage("--basis needs a strategy name");
+      a.basis = argv[++i];
     } else if (k == "--corpus" || k == "--curve" || k == "--save") {
       if (i + 1 >= argc) usage(k + " needs a path");
       (k == "--corpus" ? a.corpus : k == "--curve" ? a.curve : a.save) = argv[++i];
@@ -141,11 +149,11 @@ int train(Model& model, const bd::train::Corpus& corpus, const Args& a, double f
   const double val_loss = model.loss(validation);
   if (!a.save.empty()) model.save(a.save);
   std::printf(
-      "{\"attention\": \"%s\", \"lr_scale\": %g, \"steps\": %ld, \"seed\": %llu, \"params\": %lld, \"attention_params\": %lld, "
+      "{\"attention\": \"%s\", \"basis\": \"%s\", \"lr_scale\": %g, \"steps\": %ld, \"seed\": %llu, \"params\": %lld, \"attention_params\": %lld, "
       "\"first_val_loss\": %.6f, \"first_val_loss_mha\": %.6f, \"train_loss\": %.6f, \"val_loss\": %.6f, \"val_ppl\": %.4f, "
       "\"seconds\": %.2f, \"ms_per_step\": %.2f, \"batch\": %ld, \"context\": %lld, \"dim\": %lld, \"heads\": %lld, "
       "\"layers\": %lld, \"train_bytes\": %zu, \"validation_bytes\": %zu}\n",
-      a.attention.c_str(), a.lr_scale, a.steps, (unsigned long long)a.seed, (long long)model.parameter_count(),
+      a.attention.c_str(), a.attention == "bda" ? a.basis.c_str() : "-", a.lr_scale, a.steps, (unsigned long long)a.seed, (long long)model.parameter_count(),
       (long long)model.attention_parameter_count(), first_loss, first_loss_mha, train_loss, val_loss, std::exp(val_loss), seconds,
       1000 * seconds / double(a.steps), a.batch, (long long)a.model.context, (long long)a.model.dim, (long long)a.model.heads,
       (long long)a.model.layers, corpus.train_bytes(), corpus.validation_bytes());
@@ -166,7 +174,7 @@ int main(int argc, char** argv) {
     bd::train::LanguageModel<bd::nn::MultiHeadAttention<float>> mha(a.model, a.seed);
     const double first_mha = mha.loss(corpus.validation_windows(64));
     if (a.attention == "mha") return train(mha, corpus, a, first_mha);
-    auto bda = mha.to_bd(bd::nn::BDAttentionOptions{}.with_basis(bd::Basis::First));
+    auto bda = mha.to_bd(bd::nn::BDAttentionOptions{}.with_basis(bd::parse_basis(a.basis)));
     return train(bda, corpus, a, first_mha);
   } catch (const std::exception& e) {
     std::cerr << "train_lm: " << e.what() << "\n";

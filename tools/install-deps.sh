@@ -4,6 +4,8 @@
 #   tools/install-deps.sh test   + Catch2, Google Benchmark, nlohmann-json, OpenBLAS, clang (fuzzing)
 #   tools/install-deps.sh bench  what `test` needs + python3-matplotlib (bench/report's plot) and BLIS
 #                                (a second dense baseline in bd_bench)
+#   tools/install-deps.sh train  what `test` needs + the King James Bible (bible-kjv, bible-kjv-text:
+#                                train_lm's default corpus) and python3-matplotlib (the sweep's plot)
 set -euo pipefail
 
 purpose=${1:-test}
@@ -13,7 +15,9 @@ case "$purpose" in
   test) packages+=(catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3) ;;
   bench) packages+=(catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3
                     python3-matplotlib libblis-openmp-dev) ;;
-  *) echo "usage: $0 demo|test|bench" >&2; exit 2 ;;
+  train) packages+=(catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3
+                    python3-matplotlib bible-kjv bible-kjv-text) ;;
+  *) echo "usage: $0 demo|test|bench|train" >&2; exit 2 ;;
 esac
 
 missing=()

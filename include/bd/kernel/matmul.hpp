@@ -89,45 +89,42 @@ void linear_into(const T* x, Index ldx, Index rows, Index depth, const S* w, Ind
   gemm(args, {}, threads);
 }
 
+namespace detail {
+/// out = a·b, or out += a·b: the checks, the small products left to Eigen, the rest on the kernel.
+template <typename DerivedA, typename DerivedB, typename DerivedOut>
+void matmul_or_add(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b, Eigen::MatrixBase<DerivedOut>& out,
+                   bool accumulate) {
+  using T = typename DerivedA::Scalar;
+  static_assert(std::is_same_v<T, typename DerivedB::Scalar> && std::is_same_v<T, typename DerivedOut::Scalar>,
+                "matmul: one scalar type");
+  static_assert(!DerivedOut::IsRowMajor && directly_readable_v<DerivedOut>,
+                "matmul: the output is a column-major matrix, block or Ref");
+  eigen_assert(a.cols() == b.rows() && out.rows() == a.rows() && out.cols() == b.cols() && "matmul: shapes disagree");
+  eigen_assert(out.innerStride() == 1);
+  if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= skinny_rows) {
+    if (accumulate) out.derived().noalias() += a * b;
+    else out.derived().noalias() = a * b;
+    return;
+  }
+  Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
+  const Operand<T> x = operand(a, a_storage), y = operand(b, b_storage);
+  product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false, accumulate);
+}
+}  // namespace detail
+
 /// out = a·b (a: L×K, b: K×N; column-major out, any operands) on the dispatched kernel. On up
 /// to omp_get_max_threads() threads, one inside a parallel region (preparation's per-head loops).
 template <typename DerivedA, typename DerivedB, typename DerivedOut>
 void matmul_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b,
                  Eigen::MatrixBase<DerivedOut>& out) {
-  using T = typename DerivedA::Scalar;
-  static_assert(std::is_same_v<T, typename DerivedB::Scalar> && std::is_same_v<T, typename DerivedOut::Scalar>,
-                "matmul: one scalar type");
-  static_assert(!DerivedOut::IsRowMajor && detail::directly_readable_v<DerivedOut>,
-                "matmul: the output is a column-major matrix, block or Ref");
-  eigen_assert(a.cols() == b.rows() && out.rows() == a.rows() && out.cols() == b.cols() && "matmul: shapes disagree");
-  eigen_assert(out.innerStride() == 1);
-  if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= detail::skinny_rows) {
-    out.derived().noalias() = a * b;
-    return;
-  }
-  Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
-  const detail::Operand<T> x = detail::operand(a, a_storage), y = detail::operand(b, b_storage);
-  detail::product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false);
+  detail::matmul_or_add(a, b, out, false);
 }
 
 /// out += a·b, as matmul_into (the kernel's accumulators start from out's values).
 template <typename DerivedA, typename DerivedB, typename DerivedOut>
 void matmul_add_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b,
                      Eigen::MatrixBase<DerivedOut>& out) {
-  using T = typename DerivedA::Scalar;
-  static_assert(std::is_same_v<T, typename DerivedB::Scalar> && std::is_same_v<T, typename DerivedOut::Scalar>,
-                "matmul: one scalar type");
-  static_assert(!DerivedOut::IsRowMajor && detail::directly_readable_v<DerivedOut>,
-                "matmul: the output is a column-major matrix, block or Ref");
-  eigen_assert(a.cols() == b.rows() && out.rows() == a.rows() && out.cols() == b.cols() && "matmul: shapes disagree");
-  eigen_assert(out.innerStride() == 1);
-  if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= detail::skinny_rows) {
-    out.derived().noalias() += a * b;
-    return;
-  }
-  Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
-  const detail::Operand<T> x = detail::operand(a, a_storage), y = detail::operand(b, b_storage);
-  detail::product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false, true);
+  detail::matmul_or_add(a, b, out, true);
 }
 
 namespace detail {
