@@ -3,12 +3,18 @@
 //   cublas_dense  K = X·W, one cublasGemmEx (fp32 accumulation): the dense baseline
 //   bd_kernel     the fused tensor-core kernel (bd/cuda/projection_kernel.cuh)
 //   bd_cublas     window broadcast, then cublasGemmEx on each rest piece
-//   bd_cublaslt   one batched cublasLtMatmul per rest piece, the window as its C input where
-//                 cuBLASLt accepts it (bd/cuda/cublaslt_projection.cuh)
+//   bd_cublaslt   the rest's two pieces gathered into one buffer, then one batched cublasLtMatmul
+//                 with the window as its C input where cuBLASLt accepts it
+//                 (bd/cuda/cublaslt_projection.cuh)
+//   bd_cublaslt_pieces  one batched cublasLtMatmul per piece of rest, the second in place
+//   bd_cublaslt_last    the window last (offset d − d_h, as nn/latent_permutation.hpp's reordered
+//                 MLA latent puts it): the rest is one piece of X, one call and no gather
 // Setup (buffers, handles, cuBLASLt's plan, the argument checks) happens before timing. Each
 // measurement is `launches` back-to-back runs between two CUDA events, so launch latency overlaps
-// as it does in a model and no host work sits inside the window. A BD benchmark times the dense
+// as it does in a model and no host work sits inside the window; an iteration is one such batch
+// (its manual time is the batch's), and us_per_call is the time of one run. A BD benchmark times the dense
 // baseline in the same iteration on the same stream, alternating, and reports
+//   us_per_call      microseconds per run (the batch's time over `launches`)
 //   TFLOP/s          its own rate (2·(d − d_h) FLOP per output)
 //   dense_TFLOP/s    cublas_dense's rate (2·d − 1 FLOP per output: the same count as the CPU table)
 //   vs_cublas_dense  dense time / BD time; theoretical_ratio is the FLOP ratio, (2d − 1)/(2(d − d_h))
@@ -87,10 +93,13 @@ void run(benchmark::State& state, const std::string& impl) {
   cublasLtCreate(&lt_handle);
   bd::cuda::BDProjection<T> kernel;
   bd::cuda::CublasBDProjection<T> via_cublas(handle);
-  bd::cuda::CublasLtBDProjection<T> via_cublaslt(lt_handle, workspace, kWorkspaceBytes);
+  bd::cuda::CublasLtBDProjection<T> via_cublaslt(lt_handle, workspace, kWorkspaceBytes,
+                                                 impl == "bd_cublaslt_pieces" ? bd::cuda::Pieces::in_place : bd::cuda::Pieces::gathered);
   bd::cuda::CublasDense<T> dense(handle);
-  const bd::cuda::ProjectionArguments<T> args{x, c, k, L, kD, kDh, kHeads, kOffset};
-  bd::cuda::Status s = impl == "bd_cublaslt" ? via_cublaslt.plan(args) : bd::cuda::Status::success();
+  const int offset = impl == "bd_cublaslt_last" ? kD - kDh : kOffset;
+  const bd::cuda::ProjectionArguments<T> args{x, c, k, L, kD, kDh, kHeads, offset};
+  const bool lt = impl.rfind("bd_cublaslt", 0) == 0;
+  bd::cuda::Status s = lt ? via_cublaslt.plan(args) : bd::cuda::Status::success();
   const auto once_dense = [&] { return dense.run(x, w, k, L, kD, kOut, stream); };
   const auto once = [&] {
     if (impl == "cublas_dense") return once_dense();
@@ -116,7 +125,7 @@ void run(benchmark::State& state, const std::string& impl) {
         state.SkipWithError(error.c_str());
         break;
       }
-      state.SetIterationTime(ms / 1e3 / launches);
+      state.SetIterationTime(ms / 1e3);
       total_ms += ms, dense_ms += dms;
     }
     cudaEventDestroy(start);
@@ -124,11 +133,13 @@ void run(benchmark::State& state, const std::string& impl) {
     if (error.empty() && total_ms > 0) {
       const double runs = double(state.iterations()) * launches;
       const double bd_flops = double(L) * kOut * 2.0 * (kD - kDh), dense_flops = double(L) * kOut * (2.0 * kD - 1);
+      state.counters["us_per_call"] = total_ms * 1e3 / runs;
       state.counters["TFLOP/s"] = (bd ? bd_flops : dense_flops) * runs / (total_ms / 1e3) / 1e12;
       state.counters["dense_TFLOP/s"] = dense_flops * runs / (dense_ms / 1e3) / 1e12;
       state.counters["vs_cublas_dense"] = dense_ms / total_ms;
       state.counters["theoretical_ratio"] = (2.0 * kD - 1) / (2.0 * (kD - kDh));
-      if (impl == "bd_cublaslt") state.SetLabel(via_cublaslt.window_as_c() ? "window as C" : "window broadcast");
+      if (lt) state.SetLabel(std::string(via_cublaslt.window_as_c() ? "window as C" : "window broadcast") +
+                             (via_cublaslt.gathers() ? ", rest gathered" : ""));
     }
   }
   cublasLtDestroy(lt_handle);
@@ -138,12 +149,12 @@ void run(benchmark::State& state, const std::string& impl) {
 }
 
 int register_all() {
-  for (const std::string impl : {"cublas_dense", "bd_kernel", "bd_cublas", "bd_cublaslt"}) {
+  for (const std::string impl : {"cublas_dense", "bd_kernel", "bd_cublas", "bd_cublaslt", "bd_cublaslt_pieces", "bd_cublaslt_last"}) {
     benchmark::RegisterBenchmark(("cuda_kproj/" + impl).c_str(), [impl](benchmark::State& s) { run<__half>(s, impl); })
-        ->RangeMultiplier(2)->Range(64, 65536)->UseManualTime()->Unit(benchmark::kMicrosecond);
+        ->RangeMultiplier(4)->Range(64, 65536)->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("cuda_kproj_bf16/" + impl).c_str(),
                                  [impl](benchmark::State& s) { run<__nv_bfloat16>(s, impl); })
-        ->RangeMultiplier(2)->Range(64, 65536)->UseManualTime()->Unit(benchmark::kMicrosecond);
+        ->RangeMultiplier(4)->Range(64, 65536)->UseManualTime()->Unit(benchmark::kMicrosecond);
   }
   return 0;
 }

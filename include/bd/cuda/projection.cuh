@@ -133,27 +133,40 @@ Status launch(Kernel* kernel, dim3 grid, dim3 block, kernel::ProjectionParams pa
   return check(e, what);
 }
 
-/// Points a borrowed cuBLAS handle at `stream` for one call and gives the caller's stream back.
-class HandleStream {
+/// Points a borrowed cuBLAS handle at `stream` for one call, with reductions in fp32, and gives the
+/// caller's stream and math mode back. cuBLAS's default math mode lets a split-K GEMM add its
+/// partial sums in the output type (half or bfloat16);
+/// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION keeps them in the compute type (fp32), for
+/// the BD paths and the dense baseline alike.
+class HandleScope {
 public:
-  HandleStream(cublasHandle_t handle, cudaStream_t stream, const char* who) : handle_(handle) {
-    status_ = check(cublasGetStream(handle_, &saved_), (std::string(who) + ": cublasGetStream").c_str());
+  HandleScope(cublasHandle_t handle, cudaStream_t stream, const char* who) : handle_(handle) {
+    const std::string w(who);
+    status_ = check(cublasGetStream(handle_, &saved_stream_), (w + ": cublasGetStream").c_str());
+    if (status_) status_ = check(cublasGetMathMode(handle_, &saved_mode_), (w + ": cublasGetMathMode").c_str());
     if (status_) {
-      status_ = check(cublasSetStream(handle_, stream), (std::string(who) + ": cublasSetStream").c_str());
-      restore_ = status_.ok();
+      status_ = check(cublasSetStream(handle_, stream), (w + ": cublasSetStream").c_str());
+      restore_stream_ = status_.ok();
+    }
+    if (status_) {
+      const auto mode = static_cast<cublasMath_t>(saved_mode_ | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+      status_ = check(cublasSetMathMode(handle_, mode), (w + ": cublasSetMathMode").c_str());
+      restore_mode_ = status_.ok();
     }
   }
-  ~HandleStream() {
-    if (restore_) (void)cublasSetStream(handle_, saved_);
+  ~HandleScope() {
+    if (restore_mode_) (void)cublasSetMathMode(handle_, saved_mode_);
+    if (restore_stream_) (void)cublasSetStream(handle_, saved_stream_);
   }
-  HandleStream(const HandleStream&) = delete;
-  HandleStream& operator=(const HandleStream&) = delete;
+  HandleScope(const HandleScope&) = delete;
+  HandleScope& operator=(const HandleScope&) = delete;
   const Status& status() const { return status_; }
 
 private:
   cublasHandle_t handle_;
-  cudaStream_t saved_ = nullptr;
-  bool restore_ = false;
+  cudaStream_t saved_stream_ = nullptr;
+  cublasMath_t saved_mode_ = CUBLAS_DEFAULT_MATH;
+  bool restore_stream_ = false, restore_mode_ = false;
   Status status_ = Status::success();
 };
 
@@ -222,8 +235,12 @@ private:
   DeviceInfo device_;
 };
 
-/// The same result through cuBLAS (reference and fallback). The handle is borrowed: its stream is
-/// set for each run and restored after.
+/// The same result through cuBLAS (reference and fallback). The handle is borrowed: its stream and
+/// math mode are set for each run and restored after. When the window sits in the middle of X the
+/// rest is two pieces, two GEMMs accumulating into K'. cuBLAS's GEMM with C = D was seen (H100,
+/// CUDA 13.0) to round like round(round(A·B) + C), so each piece adds a rounding of its product
+/// and of its sum: this path is a reference, not the exact one (the fused kernel and cuBLASLt's
+/// gathered call round K' once).
 template <typename T>
 class CublasBDProjection {
 public:
@@ -243,7 +260,7 @@ public:
     if (!s || a.rows == 0) return s;
     if (!(s = detail::no_pending_error("CublasBDProjection"))) return s;
     if (!(s = detail::broadcast(a, stream, "CublasBDProjection: launching broadcast_window"))) return s;
-    const detail::HandleStream on_stream(handle_, stream, "CublasBDProjection");
+    const detail::HandleScope on_stream(handle_, stream, "CublasBDProjection");
     if (!on_stream.status()) return on_stream.status();
     // Column-major view: K'ᵀ (N × L, ld N) += Cᵀ[:, piece] (N × k, ld N) · Xᵀ[piece, :] (k × L, ld d).
     const int N = a.heads * a.head_dim, o = a.window_offset, right = a.input_dim - a.head_dim - o;
@@ -277,7 +294,7 @@ public:
       return Status::failure("CublasDense: rows " + std::to_string(rows) + ", input_dim " + std::to_string(input_dim) +
                              ", out_dim " + std::to_string(out_dim) + ": expected rows ≥ 0 and positive widths");
     if (rows == 0) return Status::success();
-    const detail::HandleStream on_stream(handle_, stream, "CublasDense");
+    const detail::HandleScope on_stream(handle_, stream, "CublasDense");
     if (!on_stream.status()) return on_stream.status();
     const float one = 1.0f, zero = 0.0f;
     return check(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, out_dim, rows, input_dim, &one, w, DataType<T>::value, out_dim, x,

@@ -188,4 +188,22 @@ __global__ void broadcast_window(ProjectionParams p) {
   }
 }
 
+/// rest[l, k] = X[l, rest(k)]: the channels outside the window gathered into one contiguous
+/// L × (d − d_h) matrix (p.out), so that a library GEMM sees the rest as a single operand and the
+/// product is one call, rounded once. d, d_h and o are multiples of 8, so each 16-byte chunk of
+/// eight channels lies wholly left or right of the window.
+template <typename T>
+__global__ void gather_rest(ProjectionParams p) {
+  const T* X = static_cast<const T*>(p.x);
+  T* rest = static_cast<T*>(p.out);
+  const int K = p.input_dim - p.head_dim, chunks_per_row = K / 8;
+  const long long chunks = (long long)p.rows * chunks_per_row;
+  for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < chunks; q += (long long)gridDim.x * blockDim.x) {
+    const long long r = q / chunks_per_row;
+    const int k = int(q % chunks_per_row) * 8;
+    *reinterpret_cast<uint4*>(rest + r * K + k) =
+        *reinterpret_cast<const uint4*>(X + r * p.input_dim + rest_channel(k, p.offset, p.head_dim));
+  }
+}
+
 }  // namespace bd::cuda::kernel
