@@ -2,6 +2,7 @@
 //
 //   eval_llama MODEL_DIR [--mode vo|qk|qkvo] [--dtype f32|f16|bf16]
 //              [--basis first|last|residual-min|offset-search|pivoted|auto] [--force] [--table]
+//              [--max-logit-error E]
 //
 // Runs the dense model in fp32 (L_exact), the dense model and the BD model with every weight
 // stored in the chosen type, and prints a table and, as its last line, one JSON object. BD is
@@ -10,6 +11,8 @@
 //
 // MODEL_DIR may also be a checkpoint bd-convert wrote (--arch llama): its BD model is loaded as
 // stored and evaluated against the reference logits, when the folder has reference.safetensors.
+// --max-logit-error E makes it a check: exit 1 when the BD model's logit error exceeds E, or when
+// there is no reference to measure it against.
 #include <bd/io/bd_checkpoint.hpp>
 #include <bd/io/hf_llama.hpp>
 #include <bd/nn/metrics.hpp>
@@ -30,6 +33,7 @@ struct Args {
   std::string dir, dtype = "f32", basis = "auto";
   bd::nn::Mode mode = bd::nn::Mode::VO;
   bool force = false, table = false;
+  double max_logit_error = -1;  ///< < 0: report only
 };
 
 struct Result {
@@ -101,7 +105,7 @@ std::vector<int> reference_tokens(const std::string& dir, Reference& ref, Eigen:
 
 /// A BD checkpoint as bd-convert stored it: perplexity, and the logits against the reference.
 template <typename S>
-int evaluate_converted(const std::string& dir) {
+int evaluate_converted(const std::string& dir, double max_logit_error) {
   const auto model = bd::io::load_bd_llama<S>(dir);
   Reference ref;
   const std::vector<int> tokens = reference_tokens(dir, ref, model.config.vocab);
@@ -119,13 +123,24 @@ int evaluate_converted(const std::string& dir) {
   out["bd_ppl"] = ppl;
   out["bd_logit_rel_err"] = ref.present ? nlohmann::json(err) : nlohmann::json(nullptr);
   std::printf("%s\n", out.dump().c_str());
+  if (max_logit_error < 0) return 0;
+  if (!ref.present) {
+    std::fprintf(stderr, "error: --max-logit-error %g asked, but %s has no reference.safetensors to measure against\n",
+                 max_logit_error, dir.c_str());
+    return 1;
+  }
+  if (!(err <= max_logit_error)) {
+    std::fprintf(stderr, "error: the BD checkpoint's logit error %g exceeds --max-logit-error %g\n", err, max_logit_error);
+    return 1;
+  }
   return 0;
 }
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s MODEL_DIR [--mode vo|qk|qkvo] [--dtype f32|f16|bf16]\n"
-               "       [--basis first|last|residual-min|offset-search|pivoted|auto] [--force] [--table]\n",
+               "       [--basis first|last|residual-min|offset-search|pivoted|auto] [--force] [--table]\n"
+               "       [--max-logit-error E]   (a converted checkpoint: exit 1 above E)\n",
                argv0);
   return 2;
 }
@@ -143,6 +158,7 @@ int main(int argc, char** argv) {
       else if (arg == "--basis" && value) a.basis = argv[++i];
       else if (arg == "--force") a.force = true;
       else if (arg == "--table") a.table = true;
+      else if (arg == "--max-logit-error" && value) a.max_logit_error = std::stod(argv[++i]);
       else if (!arg.empty() && arg[0] != '-' && a.dir.empty()) a.dir = arg;
       else return usage(argv[0]);
     }
@@ -151,14 +167,16 @@ int main(int argc, char** argv) {
   } catch (const bd::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
+  } catch (const std::exception&) {  // --max-logit-error not a number
+    return usage(argv[0]);
   }
 
   try {
     if (bd::io::is_bd_checkpoint(a.dir)) {
       const std::string dtype = bd::io::BDRecord::of(bd::io::ModelFolder::open(a.dir)).dtype;
-      if (dtype == "f16") return evaluate_converted<Eigen::half>(a.dir);
-      if (dtype == "bf16") return evaluate_converted<Eigen::bfloat16>(a.dir);
-      return evaluate_converted<float>(a.dir);
+      if (dtype == "f16") return evaluate_converted<Eigen::half>(a.dir, a.max_logit_error);
+      if (dtype == "bf16") return evaluate_converted<Eigen::bfloat16>(a.dir, a.max_logit_error);
+      return evaluate_converted<float>(a.dir, a.max_logit_error);
     }
     const auto model = bd::io::load_llama<float>(a.dir);
     Reference ref;

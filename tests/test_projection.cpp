@@ -108,3 +108,16 @@ TEST_CASE("fused projection: one thread and two threads give the same result", "
 #endif
   });
 }
+
+TEST_CASE("fused projection: shapes that disagree throw ShapeError, naming them, in every build", "[kernel]") {
+  const HeadIndices idx = HeadIndices::window(16, 4, 4, 3);  // d_in 16, d_h 4, offset 4, 3 heads
+  const Eigen::MatrixXf z = Eigen::MatrixXf::Ones(5, 16), C = Eigen::MatrixXf::Ones(12, 12);
+  Eigen::MatrixXf out(5, 12);
+  CHECK_NOTHROW(bd::nn::bd_project_into<float>(z, idx, C, out));
+  const Eigen::MatrixXf z_wide = Eigen::MatrixXf::Ones(5, 17), C_short = Eigen::MatrixXf::Ones(11, 12);
+  Eigen::MatrixXf out_narrow(5, 11), out_short(4, 12);
+  CHECK_THROWS_WITH(bd::nn::bd_project_into<float>(z_wide, idx, C, out), Catch::Contains("z is 5x17"));
+  CHECK_THROWS_AS(bd::nn::bd_project_into<float>(z, idx, C_short, out), bd::ShapeError);
+  CHECK_THROWS_AS(bd::nn::bd_project_into<float>(z, idx, C, out_narrow), bd::ShapeError);
+  CHECK_THROWS_AS(bd::nn::bd_project_into<float>(z, idx, C, out_short), bd::ShapeError);
+}

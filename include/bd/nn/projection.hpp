@@ -85,8 +85,11 @@ template <typename A, typename S>
 void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& C,
                      Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {}) {
   const Index d = idx.head_dim, n = idx.heads(), d_in = idx.input_dim;
-  eigen_assert(z.cols() == d_in && C.rows() == d_in - d && C.cols() == n * d && out.rows() == z.rows() &&
-               out.cols() == n * d && "bd_project_into: shapes disagree");
+  if (z.cols() != d_in || C.rows() != d_in - d || C.cols() != n * d || out.rows() != z.rows() || out.cols() != n * d)
+    throw ShapeError(bd::detail::message("bd_project_into: z is ", z.rows(), "x", z.cols(), ", C ", C.rows(), "x", C.cols(),
+                                         " and out ", out.rows(), "x", out.cols(), "; expected z with input_dim = ", d_in,
+                                         " columns, C (input_dim − head_dim = ", d_in - d, ") x (heads·head_dim = ", n * d,
+                                         ") and out ", z.rows(), "x", n * d));
   // The basis channel each output column starts from.
   std::vector<Index> init(static_cast<std::size_t>(n * d));
   for (Index h = 0; h < n; ++h)
