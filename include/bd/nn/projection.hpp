@@ -5,9 +5,10 @@
 // S_h are head h's basis channels (one shared window, or a pivoted set per head), R_h the
 // others in ascending order, C = [C_1 … C_n] ((d_in − d) × n·d).
 //
-// It runs on bd::kernel::gemm (kernel/gemm.hpp, runtime-dispatched micro-kernels), which makes this one fused pass: the
-// accumulators of each micro-tile start from the basis channels z[:, S_h] (no fill pass over
-// the output, which costs 10–15 %, DESIGN.md §4), R_h is gathered while z's row tile is packed
+// It runs on bd::kernel::gemm (kernel/gemm.hpp, runtime-dispatched micro-kernels), which makes
+// this one fused pass: the accumulators of each micro-tile start from the basis channels
+// z[:, S_h] (no fill pass over the output, which would write and read all of it once more),
+// R_h is gathered while z's row tile is packed
 // (with a window at offset o that is z[:, 0:o] and z[:, o+d:], nothing is copied beyond the
 // packing every GEMM does), and half/bfloat16 coefficients are converted panel by panel. A
 // shared window is one segment of n·d columns; per-head pivoted bases are one segment per
