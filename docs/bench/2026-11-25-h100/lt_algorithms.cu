@@ -1,6 +1,8 @@
 // Exploration, not part of bd and not built by CMake (kept as the record behind a README figure):
 // every algorithm cuBLASLt's heuristics offer for the gathered BD key projection (batched over
-// heads, window as stride-0 C, no row blocks) and for the dense GEMM, each timed with events.
+// heads, window as stride-0 C, no row blocks; also g heads per batch against a replicated window)
+// and for the dense GEMM, each timed with events. lt_algorithms.log: L = 1024, 16384, 65536, one
+// head per batch; lt_algorithms_groups.log: this version (L = 1024, 4096, 16384).
 // nvcc -O2 -std=c++17 -arch=sm_90a lt_algorithms.cu -o lt_algorithms -lcublasLt
 #include <cublasLt.h>
 #include <cuda_fp16.h>
@@ -24,7 +26,7 @@ int main() {
   const int n = 128, d = 512, dh = 128, N = n * dh, K = d - dh;
   cublasLtHandle_t h; CK(cublasLtCreate(&h));
   size_t ws_bytes = 64 << 20; void* ws; CK(cudaMalloc(&ws, ws_bytes));
-  for (int L : {1024, 16384, 65536}) {
+  for (int L : {1024, 4096, 16384}) {
     half *x, *rest, *c, *w, *out;
     CK(cudaMalloc(&x, size_t(L) * d * 2)); CK(cudaMalloc(&rest, size_t(L) * K * 2)); CK(cudaMalloc(&c, size_t(K) * N * 2));
     CK(cudaMalloc(&w, size_t(d) * N * 2)); CK(cudaMalloc(&out, size_t(L) * N * 2));
@@ -58,6 +60,17 @@ int main() {
     };
     // Dense: Dᵀ (N × L) = Wᵀ (N × d) · Xᵀ (d × L)
     const double dense = bench("dense", lay(N, d, N, 1, 0), lay(d, L, d, 1, 0), lay(N, L, N, 1, 0), lay(N, L, N, 1, 0), w, x, out, out, &zero);
+    // BD with g heads per batch: the window replicated g times into an L × g·d_h buffer (C input,
+    // batch stride 0), so each batch is m = g·d_h rows of Dᵀ.
+    for (int g : {1, 2, 4, 8, 16}) {
+      half* rep; CK(cudaMalloc(&rep, size_t(L) * g * dh * 2));
+      fill<<<1024, 256>>>(rep, (long long)L * g * dh, 5); cudaDeviceSynchronize();
+      char name[64]; std::snprintf(name, sizeof name, "bd g=%d heads per batch", g);
+      const double t = bench(name, lay(g * dh, K, N, n / g, g * dh), lay(K, L, K, n / g, 0), lay(g * dh, L, g * dh, n / g, 0),
+                             lay(g * dh, L, N, n / g, g * dh), c, rest, rep, out, &one);
+      std::printf("L=%d g=%d: best dense / best BD = %.3f\n", L, g, dense / t);
+      cudaFree(rep);
+    }
     // BD gathered: per head Dᵀ_h (dh × L) = C_hᵀ (dh × K) · restᵀ (K × L) + windowᵀ (dh × L, ld d, stride 0)
     const double bd = bench("bd gathered", lay(dh, K, N, n, dh), lay(K, L, K, n, 0), lay(dh, L, d, n, 0), lay(dh, L, N, n, dh), c, rest, x + 256, out, &one);
     std::printf("L=%d best dense / best BD = %.3f\n", L, dense / bd);
