@@ -10,26 +10,26 @@
 
 #include <bd/bd.hpp>
 
-#include "deepseek_shapes.hpp"
+#include <bd/nn/synthetic_deepseek.hpp>
 
 namespace {
 
-const std::vector<bd_bench::AttentionLayerFactors>& v2_lite() {
+const std::vector<bd::synthetic::AttentionLayerFactors>& v2_lite() {
   static const auto layers = [] {
-    std::vector<bd_bench::AttentionLayerFactors> out;
-    for (int l = 0; l < bd_bench::DeepSeekV2Lite::layers; ++l) out.push_back(bd_bench::synthetic_layer(l));
+    std::vector<bd::synthetic::AttentionLayerFactors> out;
+    for (int l = 0; l < bd::synthetic::DeepSeekV2Lite::layers; ++l) out.push_back(bd::synthetic::synthetic_layer(l));
     return out;
   }();
   return layers;
 }
 
-const std::vector<bd_bench::AttentionLayerFactors>& v3_layer() {
-  static const std::vector<bd_bench::AttentionLayerFactors> layers{bd_bench::synthetic_v3_layer(0)};
+const std::vector<bd::synthetic::AttentionLayerFactors>& v3_layer() {
+  static const std::vector<bd::synthetic::AttentionLayerFactors> layers{bd::synthetic::synthetic_v3_layer(0)};
   return layers;
 }
 
 template <typename Scalar>
-void prepare(benchmark::State& state, const std::vector<bd_bench::AttentionLayerFactors>& layers, bd::Basis basis,
+void prepare(benchmark::State& state, const std::vector<bd::synthetic::AttentionLayerFactors>& layers, bd::Basis basis,
              int model_layers) {
   const bd::Options qk = bd::Options{}.with_side(bd::Side::Col).with_basis(basis);
   const bd::Options vo = bd::Options{}.with_side(bd::Side::Row).with_basis(basis);
@@ -81,7 +81,7 @@ void register_all() {
     const bd::Basis b = basis;
     benchmark::RegisterBenchmark((std::string("prepare/") + name + "/deepseek-v3/layer").c_str(),
                                  [b](benchmark::State& s) {
-                                   prepare<Eigen::half>(s, v3_layer(), b, bd_bench::DeepSeekV3::layers);
+                                   prepare<Eigen::half>(s, v3_layer(), b, bd::synthetic::DeepSeekV3::layers);
                                  })
         ->Unit(benchmark::kSecond)
         ->Iterations(1);

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <bd/io/safetensors.hpp>
+#include <bd/io/safetensors_writer.hpp>
 
 namespace bd_bench {
 

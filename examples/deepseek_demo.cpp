@@ -1,7 +1,7 @@
 // Decomposes every attention layer of a synthetic model with DeepSeek-V2-Lite's shapes and
 // prints, per basis strategy, the parameters saved, the NMSE and the preparation time.
 //
-//   deepseek_demo [--layers N] [--dtype f32|f16|bf16] [--strategies first,last,...]
+//   deepseek_demo [--layers N] [--dtype f64|f32|f16|bf16] [--strategies first,last,...]
 #include <bd/bd.hpp>
 
 #include <chrono>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "deepseek_shapes.hpp"
+#include <bd/nn/synthetic_deepseek.hpp>
 
 namespace {
 
@@ -23,7 +23,7 @@ struct Row {
 };
 
 template <typename Scalar>
-Row run(bd::Basis basis, const std::vector<bd_bench::AttentionLayerFactors>& layers) {
+Row run(bd::Basis basis, const std::vector<bd::synthetic::AttentionLayerFactors>& layers) {
   Row row;
   row.strategy = bd::to_string(basis);
   const bd::Options qk = bd::Options{}.with_side(bd::Side::Col).with_basis(basis);
@@ -54,40 +54,45 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--layers N (1..27)] [--dtype f32|f16|bf16] [--strategies first,last,residual-min,offset-search,pivoted,auto]\n", argv0);
+  std::fprintf(stderr, "usage: %s [--layers N (1..27)] [--dtype f64|f32|f16|bf16] [--strategies first,last,residual-min,offset-search,pivoted,auto]\n", argv0);
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int layer_count = bd_bench::DeepSeekV2Lite::layers;
-  std::string dtype = "f16";
+  int layer_count = bd::synthetic::DeepSeekV2Lite::layers;
+  bd::Storage storage = bd::Storage::f16;
   std::vector<std::string> strategies{"first", "residual-min", "offset-search", "pivoted", "auto"};
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (!std::strcmp(argv[i], "--layers") && has_value) layer_count = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--dtype") && has_value) dtype = argv[++i];
+    else if (!std::strcmp(argv[i], "--dtype") && has_value) {
+      try {
+        storage = bd::parse_storage(argv[++i]);
+      } catch (const bd::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return usage(argv[0]);
+      }
+    }
     else if (!std::strcmp(argv[i], "--strategies") && has_value) strategies = split(argv[++i]);
     else return usage(argv[0]);
   }
-  if (layer_count < 1 || layer_count > bd_bench::DeepSeekV2Lite::layers || (dtype != "f32" && dtype != "f16" && dtype != "bf16"))
+  if (layer_count < 1 || layer_count > bd::synthetic::DeepSeekV2Lite::layers)
     return usage(argv[0]);
 
   std::printf("Synthetic DeepSeek-V2-Lite attention: %d layers x 16 heads, hidden 2048, latent 512, head dim 128\n"
               "QK column form, VO row form, windows on the 512-wide latent; stored in %s; %d threads\n\n",
-              layer_count, dtype.c_str(), bd::detail::max_threads());
-  std::vector<bd_bench::AttentionLayerFactors> layers;
-  for (int l = 0; l < layer_count; ++l) layers.push_back(bd_bench::synthetic_layer(static_cast<unsigned>(l)));
+              layer_count, bd::to_string(storage), bd::max_threads());
+  std::vector<bd::synthetic::AttentionLayerFactors> layers;
+  for (int l = 0; l < layer_count; ++l) layers.push_back(bd::synthetic::synthetic_layer(static_cast<unsigned>(l)));
 
   std::printf("%-14s %12s %12s %9s %11s %11s %9s  %s\n", "strategy", "params", "BD params", "saved", "NMSE QK", "NMSE VO",
               "time (s)", "windows");
   try {
     for (const auto& name : strategies) {
       const bd::Basis basis = bd::parse_basis(name);
-      const Row row = dtype == "f32"   ? run<float>(basis, layers)
-                      : dtype == "f16" ? run<Eigen::half>(basis, layers)
-                                       : run<Eigen::bfloat16>(basis, layers);
+      const Row row = bd::dispatch(storage, [&](auto t) { return run<typename decltype(t)::type>(basis, layers); });
       std::printf("%-14s %12lld %12lld %8.1f%% %11.3g %11.3g %9.2f  %s\n", row.strategy.c_str(), row.params_before,
                   row.params_after, 100.0 * (1.0 - double(row.params_after) / double(row.params_before)), row.nmse_qk,
                   row.nmse_vo, row.seconds, row.window_note.c_str());

@@ -1,6 +1,6 @@
 // Evaluates BD attention on a real Hugging Face LLaMA checkpoint: the paper's perplexity table.
 //
-//   eval_llama MODEL_DIR [--mode vo|qk|qkvo] [--dtype f32|f16|bf16]
+//   eval_llama MODEL_DIR [--mode vo|qk|qkvo] [--dtype f64|f32|f16|bf16]
 //              [--basis first|last|residual-min|offset-search|pivoted|auto] [--force] [--table]
 //              [--max-logit-error E]
 //
@@ -30,7 +30,8 @@ namespace {
 using bd::nn::BDAttentionOptions;
 
 struct Args {
-  std::string dir, dtype = "f32", basis = "auto";
+  std::string dir, basis = "auto";
+  bd::Storage storage = bd::Storage::f32;
   bd::nn::Mode mode = bd::nn::Mode::VO;
   bool force = false, table = false;
   double max_logit_error = -1;  ///< < 0: report only
@@ -53,11 +54,11 @@ Result evaluate(const bd::nn::LlamaModel<float>& model, const std::vector<int>& 
                 const BDAttentionOptions& opts) {
   Result r;
   const auto dense = model.cast<S>();
-  const Eigen::MatrixXf dense_logits = dense.logits(tokens);
+  const Eigen::MatrixXf dense_logits = dense.logits(tokens).template cast<float>();
   r.dense_ppl = bd::nn::perplexity(dense_logits, tokens);
   r.dense_err = bd::nn::logit_relative_error(dense_logits, exact);
   const auto bd_model = model.with_bd_attention<S>(opts);
-  const Eigen::MatrixXf bd_logits = bd_model.logits(tokens);
+  const Eigen::MatrixXf bd_logits = bd_model.logits(tokens).template cast<float>();
   r.bd_ppl = bd::nn::perplexity(bd_logits, tokens);
   r.bd_err = bd::nn::logit_relative_error(bd_logits, exact);
   const auto& first = bd_model.layers.front().attention;
@@ -84,9 +85,7 @@ Result run(const Args& a, const bd::nn::LlamaModel<float>& model, const std::vec
   opts.cost_policy = bd::nn::CostPolicy::Warn;
   opts.decomposition.basis = bd::parse_basis(a.basis);
   opts.decomposition.align = model.config.head_dim;
-  if (a.dtype == "f32") return evaluate<float>(model, tokens, exact, opts);
-  if (a.dtype == "f16") return evaluate<Eigen::half>(model, tokens, exact, opts);
-  return evaluate<Eigen::bfloat16>(model, tokens, exact, opts);
+  return bd::dispatch(a.storage, [&](auto t) { return evaluate<typename decltype(t)::type>(model, tokens, exact, opts); });
 }
 
 std::vector<int> reference_tokens(const std::string& dir, Reference& ref, Eigen::Index vocab) {
@@ -109,7 +108,7 @@ int evaluate_converted(const std::string& dir, double max_logit_error) {
   const auto model = bd::io::load_bd_llama<S>(dir);
   Reference ref;
   const std::vector<int> tokens = reference_tokens(dir, ref, model.config.vocab);
-  const Eigen::MatrixXf logits = model.logits(tokens);
+  const Eigen::MatrixXf logits = model.logits(tokens).template cast<float>();
   const auto& c = model.config;
   std::printf("%s: BD checkpoint (%s), %ld layers, d = %ld, %ld query heads on %ld key/value heads, d_h = %ld\n", dir.c_str(),
               bd::nn::to_string(model.layers.front().attention.mode()), long(c.layers), long(c.hidden), long(c.heads),
@@ -138,7 +137,7 @@ int evaluate_converted(const std::string& dir, double max_logit_error) {
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s MODEL_DIR [--mode vo|qk|qkvo] [--dtype f32|f16|bf16]\n"
+               "usage: %s MODEL_DIR [--mode vo|qk|qkvo] [--dtype f64|f32|f16|bf16]\n"
                "       [--basis first|last|residual-min|offset-search|pivoted|auto] [--force] [--table]\n"
                "       [--max-logit-error E]   (a converted checkpoint: exit 1 above E)\n",
                argv0);
@@ -154,7 +153,7 @@ int main(int argc, char** argv) {
       const std::string arg = argv[i];
       const bool value = i + 1 < argc;
       if (arg == "--mode" && value) a.mode = bd::nn::parse_mode(argv[++i]);
-      else if (arg == "--dtype" && value) a.dtype = argv[++i];
+      else if (arg == "--dtype" && value) a.storage = bd::parse_storage(argv[++i]);
       else if (arg == "--basis" && value) a.basis = argv[++i];
       else if (arg == "--force") a.force = true;
       else if (arg == "--table") a.table = true;
@@ -162,7 +161,7 @@ int main(int argc, char** argv) {
       else if (!arg.empty() && arg[0] != '-' && a.dir.empty()) a.dir = arg;
       else return usage(argv[0]);
     }
-    if (a.dir.empty() || (a.dtype != "f32" && a.dtype != "f16" && a.dtype != "bf16")) return usage(argv[0]);
+    if (a.dir.empty()) return usage(argv[0]);
     bd::parse_basis(a.basis);
   } catch (const bd::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
@@ -173,10 +172,8 @@ int main(int argc, char** argv) {
 
   try {
     if (bd::io::is_bd_checkpoint(a.dir)) {
-      const std::string dtype = bd::io::BDRecord::of(bd::io::ModelFolder::open(a.dir)).dtype;
-      if (dtype == "f16") return evaluate_converted<Eigen::half>(a.dir, a.max_logit_error);
-      if (dtype == "bf16") return evaluate_converted<Eigen::bfloat16>(a.dir, a.max_logit_error);
-      return evaluate_converted<float>(a.dir, a.max_logit_error);
+      const bd::Storage stored = bd::io::recorded_options(bd::io::ModelFolder::open(a.dir)).storage;
+      return bd::dispatch(stored, [&](auto t) { return evaluate_converted<typename decltype(t)::type>(a.dir, a.max_logit_error); });
     }
     const auto model = bd::io::load_llama<float>(a.dir);
     Reference ref;
@@ -192,13 +189,13 @@ int main(int argc, char** argv) {
     if (a.table) {
       std::printf("\n| dtype | basis | dense ppl | BD ppl | ppl change | dense logit err | BD logit err | ratio |\n"
                   "|---|---|---|---|---|---|---|---|\n");
-      for (const char* dtype : {"f32", "f16", "bf16"}) {
+      for (const bd::Storage storage : {bd::Storage::f32, bd::Storage::f16, bd::Storage::bf16}) {
         for (const char* basis : {"first", "residual-min", "offset-search", "pivoted", "auto"}) {
           Args row = a;
-          row.dtype = dtype;
+          row.storage = storage;
           row.basis = basis;
           const Result r = run(row, model, tokens, exact);
-          std::printf("| %s | %s | %.6f | %.6f | %+.2e | %.3g | %.3g | %s |\n", dtype, basis, r.dense_ppl, r.bd_ppl,
+          std::printf("| %s | %s | %.6f | %.6f | %+.2e | %.3g | %.3g | %s |\n", bd::to_string(storage), basis, r.dense_ppl, r.bd_ppl,
                       (r.bd_ppl - r.dense_ppl) / r.dense_ppl, r.dense_err, r.bd_err,
                       r.dense_err > 0 ? (std::to_string(r.bd_err / r.dense_err).substr(0, 4) + "x").c_str() : "-");
         }
@@ -212,9 +209,9 @@ int main(int argc, char** argv) {
     std::printf("basis: %s\n\n", r.basis_note.c_str());
     std::printf("%-30s %12s %18s\n", "model", "perplexity", "logit rel. error");
     std::printf("%-30s %12.6f %18s\n", "dense fp32 (L_exact)", bd::nn::perplexity(exact, tokens), "0");
-    std::printf("%-30s %12.6f %18.3g\n", ("dense " + a.dtype).c_str(), r.dense_ppl, r.dense_err);
+    std::printf("%-30s %12.6f %18.3g\n", (std::string("dense ") + bd::to_string(a.storage)).c_str(), r.dense_ppl, r.dense_err);
     std::printf("%-30s %12.6f %18.3g   (mean product NMSE %.3g)\n",
-                ("BD " + std::string(bd::nn::to_string(a.mode)) + " " + a.dtype + " " + a.basis).c_str(), r.bd_ppl,
+                ("BD " + std::string(bd::nn::to_string(a.mode)) + " " + bd::to_string(a.storage) + " " + a.basis).c_str(), r.bd_ppl,
                 r.bd_err, r.bd_nmse);
     nlohmann::ordered_json out;
     out["reference_max_abs_diff"] = ref.present ? nlohmann::json(reference_diff) : nlohmann::json(nullptr);

@@ -1,6 +1,6 @@
 // Checks BD on every MLA layer of a DeepSeek-V2/V3-layout checkpoint, as the model is served.
 //
-//   mla_check MODEL_DIR [--tokens N] [--dtype f32|f16|bf16] [--basis first|…|auto] [--mode qk|vo|qkvo]
+//   mla_check MODEL_DIR [--tokens N] [--dtype f64|f32|f16|bf16] [--basis first|…|auto] [--mode qk|vo|qkvo]
 //
 // For each attention layer (read one at a time: config.json and model.safetensors or shards),
 // seeded random hidden states x (N tokens), the dense MLA layer in double as the reference
@@ -26,7 +26,8 @@
 namespace {
 
 struct Args {
-  std::string dir, dtype = "bf16", basis = "auto";
+  std::string dir, basis = "auto";
+  bd::Storage storage = bd::Storage::bf16;
   bd::nn::Mode mode = bd::nn::Mode::QKVO;
   int tokens = 16;
 };
@@ -67,7 +68,7 @@ LayerResult check_layer(const bd::nn::MultiHeadAttention<double>& dense, const A
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s MODEL_DIR [--tokens N] [--dtype f32|f16|bf16] [--basis first|last|residual-min|offset-search|"
+               "usage: %s MODEL_DIR [--tokens N] [--dtype f64|f32|f16|bf16] [--basis first|last|residual-min|offset-search|"
                "pivoted|auto] [--mode qk|vo|qkvo]\n",
                argv0);
   return 2;
@@ -82,13 +83,13 @@ int main(int argc, char** argv) {
       const std::string arg = argv[i];
       const bool value = i + 1 < argc;
       if (arg == "--tokens" && value) a.tokens = std::atoi(argv[++i]);
-      else if (arg == "--dtype" && value) a.dtype = argv[++i];
+      else if (arg == "--dtype" && value) a.storage = bd::parse_storage(argv[++i]);
       else if (arg == "--basis" && value) a.basis = argv[++i];
       else if (arg == "--mode" && value) a.mode = bd::nn::parse_mode(argv[++i]);
       else if (!arg.empty() && arg[0] != '-' && a.dir.empty()) a.dir = arg;
       else return usage(argv[0]);
     }
-    if (a.dir.empty() || a.tokens < 1 || (a.dtype != "f32" && a.dtype != "f16" && a.dtype != "bf16")) return usage(argv[0]);
+    if (a.dir.empty() || a.tokens < 1) return usage(argv[0]);
     bd::parse_basis(a.basis);
   } catch (const bd::Error& e) {
     std::fprintf(stderr, "mla_check: %s\n", e.what());
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
     const bd::io::ModelFolder folder = bd::io::ModelFolder::open(a.dir);
     const auto layouts = bd::io::attention_layers(bd::io::Arch::DeepSeekV2, folder);
     std::printf("%s: %zu MLA layers; BD %s stored in %s, basis %s, %d tokens; reference: the dense layer in double\n\n",
-                a.dir.c_str(), layouts.size(), bd::nn::to_string(a.mode), a.dtype.c_str(), a.basis.c_str(), a.tokens);
+                a.dir.c_str(), layouts.size(), bd::nn::to_string(a.mode), bd::to_string(a.storage), a.basis.c_str(), a.tokens);
     std::printf("%-30s %12s %12s %14s %14s %9s\n", "layer", "NMSE QK", "NMSE VO", "prefill err", "decode err", "prep s");
     double prefill = 0, decode = 0;
     bd::nn::MLACost cost;
@@ -106,9 +107,8 @@ int main(int argc, char** argv) {
       const bd::nn::MultiHeadAttention<double> dense(layouts[l].config, layouts[l].load());
       if (l == 0) cost = bd::nn::mla_cost(bd::nn::AttentionShape::of(dense.config(), dense.weights()), a.mode);
       const unsigned seed = 1000 + static_cast<unsigned>(l);
-      const LayerResult r = a.dtype == "f32"   ? check_layer<float>(dense, a, seed)
-                            : a.dtype == "f16" ? check_layer<Eigen::half>(dense, a, seed)
-                                               : check_layer<Eigen::bfloat16>(dense, a, seed);
+      const LayerResult r =
+          bd::dispatch(a.storage, [&](auto t) { return check_layer<typename decltype(t)::type>(dense, a, seed); });
       folder.release_prefix(layouts[l].prefix + ".");
       std::printf("%-30s %12.3g %12.3g %14.3g %14.3g %9.2f\n", layouts[l].prefix.c_str(), r.nmse_qk, r.nmse_vo, r.prefill,
                   r.decode, r.seconds);

@@ -1,4 +1,4 @@
-// The README's accuracy table ("Accuracy on real trained weights") on a real Hugging Face LLaMA checkpoint: NMSE of the VO
+// The accuracy table of docs/benchmarks.md ("Accuracy on real trained weights") on a real Hugging Face LLaMA checkpoint: NMSE of the VO
 // product of every query head (Wv rows of its key/value group times its Wo columns), per basis
 // strategy and storage type, averaged over heads, computed in double against the exact product.
 //

@@ -59,7 +59,7 @@ inline bd::io::ConvertOptions options(bd::nn::Mode mode, const std::string& dtyp
   bd::io::ConvertOptions o;
   o.arch = bd::io::Arch::GPT2;
   o.mode = mode;
-  o.dtype = dtype;
+  o.storage = bd::parse_storage(dtype);
   return o;
 }
 

@@ -2,6 +2,11 @@
 // expected. Nothing is returned half-made.
 #include <limits>
 
+#include <bd/kernel/flash_attention.hpp>
+#include <bd/kernel/matmul.hpp>
+#include <bd/kernel/pivoted_qr.hpp>
+#include <bd/kernel/small_lu.hpp>
+
 #include "support.hpp"
 
 using bd::Basis;
@@ -175,18 +180,18 @@ void check_finite_scan() {
   m(1, 0) = Eigen::NumTraits<T>::lowest();
   m(2, 0) = std::numeric_limits<T>::denorm_min();
   m(3, 0) = T(-0.0f);
-  CHECK(bd::detail::all_finite(m));
+  CHECK(bd::all_finite(m));
   const T bad[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
                    T(-std::numeric_limits<float>::infinity())};
   for (const T b : bad) {
     for (Eigen::Index k = 0; k < m.size(); k += 7) {
       M x = m;
       x(k % 37, k / 37) = b;
-      CHECK_FALSE(bd::detail::all_finite(x));
-      CHECK_FALSE(bd::detail::all_finite(R(x)));                  // row-major storage
-      CHECK_FALSE(bd::detail::all_finite(x.transpose()));         // read in place
-      if (k % 37 < 36) CHECK_FALSE(bd::detail::all_finite(x.topRows(36)));  // strided: Eigen's own scan
-      if (k / 37 > 0) CHECK(bd::detail::all_finite(x.leftCols(k / 37)));  // a block without the entry
+      CHECK_FALSE(bd::all_finite(x));
+      CHECK_FALSE(bd::all_finite(R(x)));                  // row-major storage
+      CHECK_FALSE(bd::all_finite(x.transpose()));         // read in place
+      if (k % 37 < 36) CHECK_FALSE(bd::all_finite(x.topRows(36)));  // strided: Eigen's own scan
+      if (k / 37 > 0) CHECK(bd::all_finite(x.leftCols(k / 37)));  // a block without the entry
     }
   }
 }
@@ -198,4 +203,40 @@ TEST_CASE("the finiteness scan finds every NaN and Inf, in every bd scalar type 
   check_finite_scan<double>();
   check_finite_scan<Eigen::half>();
   check_finite_scan<Eigen::bfloat16>();
+}
+
+TEST_CASE("the kernel's public entry points refuse bad shapes with bd's errors, in every build", "[bad-input][kernel]") {
+  // These were assertions (gone in Release): a wrong shape now throws whatever the build.
+  const Eigen::MatrixXf a = Eigen::MatrixXf::Ones(4, 3), b = Eigen::MatrixXf::Ones(5, 2);
+  Eigen::MatrixXf out(4, 2);
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::matmul_into(a, b, out), bd::ShapeError, Contains("a.cols() == b.rows()"));
+  Eigen::MatrixXf square(4, 4);
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::gram_into(a, square), bd::ShapeError, Contains("expected out a.cols() x a.cols()"));
+  bd::kernel::GemmArguments<float, float> g;
+  g.rows = 8;
+  g.ldx = 4;  // a column-major X of 8 rows cannot have 4 between columns
+  g.ldo = 8;
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::gemm(g), bd::ShapeError, Contains("ldx = 4"));
+  bd::kernel::AttentionArguments<float> f;
+  f.q_len = 1;
+  f.k_len = 0;
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::flash_attention(f), bd::ShapeError, Contains("0 keys"));
+  f.k_len = 1;
+  f.n_q = 3;
+  f.n_k = 2;
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::flash_attention(f), bd::ShapeError, Contains("3 query heads on 2 key"));
+  bd::kernel::SmallLU<double> lu;
+  BD_CHECK_THROWS_CONTAINING(lu.compute(Eigen::MatrixXd::Ones(3, 2)), bd::ShapeError, Contains("expected a square matrix"));
+  bd::kernel::ColumnPivots<double> pivots;
+  BD_CHECK_THROWS_CONTAINING(pivots.compute(Eigen::MatrixXd::Ones(3, 2), 3), bd::RangeError, Contains("0 ≤ count ≤ min(rows, cols)"));
+}
+
+TEST_CASE("storage types are parsed by name and dispatched to their scalar type", "[bad-input][storage]") {
+  for (const bd::Storage s : bd::all_storages) {
+    CHECK(bd::parse_storage(bd::to_string(s)) == s);
+    const bd::Storage round_trip = bd::dispatch(s, [](auto tag) { return bd::storage_of<typename decltype(tag)::type>(); });
+    CHECK(round_trip == s);
+  }
+  CHECK(bd::dispatch(bd::Storage::bf16, [](auto tag) { return sizeof(typename decltype(tag)::type); }) == 2);
+  BD_CHECK_THROWS_CONTAINING(bd::parse_storage("fp16"), bd::RangeError, Contains("unknown storage type 'fp16': expected f64, f32, f16 or bf16"));
 }

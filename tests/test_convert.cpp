@@ -10,6 +10,7 @@
 
 namespace fs = std::filesystem;
 using bd::io::SafeTensors;
+using bd::Basis;
 using Catch::Contains;
 
 using namespace bd_test_convert;
@@ -189,4 +190,62 @@ TEST_CASE("DeepSeek-V2 layout: no-RoPE QK and VO from kv_b_proj, RoPE rows kept"
   CHECK(vo.matrix<double>(P + ".kv_b_proj_k.weight").rows() == n * nope);
   CHECK(vo.matrix<double>(P + ".kv_b_proj_k.weight").topRows(nope) == kv_b.topRows(nope));
   fs::remove_all(dir);
+}
+
+TEST_CASE("format v1's record: the options bd-convert was given are read back from the file's metadata", "[convert][format]") {
+  bd::io::ConvertOptions o;
+  o.arch = bd::io::Arch::DeepSeekV2;
+  o.mode = bd::nn::Mode::QKVO;
+  o.storage = bd::Storage::bf16;
+  o.decomposition.basis = Basis::Pivoted;
+  o.decomposition.align = 32;
+  o.force = true;
+  o.latent_window_last = true;
+  const auto meta = bd::io::format::metadata(o);
+  CHECK(meta.at("bd.format") == "1");
+  CHECK(meta.at("bd.arch") == "deepseek-v2");
+  CHECK(meta.at("bd.dtype") == "bf16");
+  CHECK(meta.at("bd.align") == "32");
+  CHECK(meta.at("bd.force") == "true");
+  const bd::io::ConvertOptions back = bd::io::format::options_from(meta, "test");
+  CHECK(nlohmann::json(back) == nlohmann::json(o));
+  CHECK(back.storage == bd::Storage::bf16);
+  CHECK(back.decomposition.align == 32);
+  CHECK(back.latent_window_last);
+  // The same record in config.json's "bd" object reads back alike.
+  CHECK(nlohmann::json(o).get<bd::io::ConvertOptions>().mode == bd::nn::Mode::QKVO);
+
+  auto without = meta;
+  without.erase("bd.mode");
+  BD_CHECK_THROWS_CONTAINING(bd::io::format::options_from(without, "x.safetensors"), bd::FormatError,
+                             Contains("x.safetensors: metadata lacks 'bd.mode'"));
+  auto other = meta;
+  other["bd.format"] = "2";
+  BD_CHECK_THROWS_CONTAINING(bd::io::format::options_from(other, "x"), bd::FormatError, Contains("bd.format is '2', this bd reads format 1"));
+  auto bad = meta;
+  bad["bd.dtype"] = "fp8";
+  BD_CHECK_THROWS_CONTAINING(bd::io::format::options_from(bad, "x"), bd::FormatError, Contains("unknown storage type 'fp8'"));
+  bad = meta;
+  bad["bd.align"] = "sixteen";
+  BD_CHECK_THROWS_CONTAINING(bd::io::format::options_from(bad, "x"), bd::FormatError, Contains("does not read as a conversion record"));
+  CHECK_FALSE(bd::io::format::has_record({{"format", "pt"}}));
+
+  // The names every reader and writer use.
+  const auto qk = bd::io::format::tensor_names("model.layers.3.self_attn", bd::io::format::Family::QK);
+  CHECK(qk.basis == "model.layers.3.self_attn.bd_qk.basis");
+  CHECK(qk.indices == "model.layers.3.self_attn.bd_qk.indices");
+  CHECK(bd::io::format::marker("h.0.attn", bd::nn::Mode::VO) == "h.0.attn.bd_vo.coeff");
+}
+
+TEST_CASE("a conversion stored in f64 reads back as it was prepared", "[convert][format]") {
+  Gpt2Folder folder("bd_convert_gpt2_f64");
+  const auto out = (folder.dir / "bd.safetensors").string();
+  bd::io::convert_checkpoint(folder.dir.string(), out, options(bd::nn::Mode::QKVO, "f64"));
+  const auto st = SafeTensors::open(out);
+  CHECK(st.info("h.0.attn.bd_vo.basis").dtype == bd::io::DType::F64);
+  CHECK(bd::io::format::options_from(st.metadata(), out).storage == bd::Storage::f64);
+  const Eigen::MatrixXd X = bd_test::gaussian(5, kD, 77);
+  const Eigen::MatrixXd y = forward_from_file(st, "h.0.attn", X, /*causal=*/true);
+  CHECK(bd_test::max_rel(y, folder.layers[0].forward(X)) <= 1e-9);  // double storage: preparation's error alone
+  fs::remove_all(folder.dir);
 }

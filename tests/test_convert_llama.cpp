@@ -19,7 +19,7 @@ bd::io::ConvertOptions llama_vo(const std::string& dtype) {
   bd::io::ConvertOptions o;
   o.arch = bd::io::Arch::LLaMA;
   o.mode = bd::nn::Mode::VO;
-  o.dtype = dtype;
+  o.storage = bd::parse_storage(dtype);
   o.force = true;
   // The default, auto: no shared window of a layer meets 10x the type's rounding floor on these
   // weights, so each head gets its own pivoted basis; the core bounds are per-head bounds.

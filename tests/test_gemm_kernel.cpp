@@ -179,7 +179,7 @@ TEST_CASE("gemm kernel: a few rows (decoding) stream B unpacked with the same re
     std::vector<Index> cols(init.size());
     for (std::size_t c = 0; c < cols.size(); ++c) cols[c] = Index(2 * c + 1) % 23;
     const std::vector<Index> empty_depth_init{2, 0, 1};  // X has 2·0 + 3 channels then
-    for (Index L = 1; L <= bd::kernel::detail::skinny_rows + 1; ++L) {
+    for (Index L = 1; L <= bd::kernel::skinny_rows + 1; ++L) {
       check<float, float>(L, chan, 11, Blocking{16, 4, 6}, unsigned(L) + 60, &init);
       check<float, float>(L, chan, 11, Blocking{16, 4, 6}, unsigned(L) + 61, nullptr, true, &cols);
       check<double, double>(L, channels_of(0, 97), 11, Blocking{}, unsigned(L) + 62, &init, false, &cols);

@@ -110,7 +110,7 @@ TEST_CASE("a hostile index is refused with the shard and tensor named", "[io][fo
 }
 
 TEST_CASE("FP8 E4M3: every code decodes to its OCP value", "[io][fp8]") {
-  using bd::io::detail::fp8_e4m3_value;
+  using bd::io::fp8_e4m3_value;
   CHECK(fp8_e4m3_value(0x38) == 1.0f);            // e = 7, m = 0
   CHECK(fp8_e4m3_value(0x7E) == 448.0f);          // the largest finite value
   CHECK(fp8_e4m3_value(0x01) == std::ldexp(1.0f, -9));  // the smallest subnormal
@@ -126,7 +126,7 @@ TEST_CASE("FP8 E4M3: every code decodes to its OCP value", "[io][fp8]") {
     const float frac = std::frexp(hi, &e);
     CHECK(std::ldexp(frac, 4) == std::floor(std::ldexp(frac, 4)));
   }
-  CHECK(bd::io::detail::fp8_e5m2_value(0x3C) == 1.0f);  // binary16 0x3C00
+  CHECK(bd::io::fp8_e5m2_value(0x3C) == 1.0f);  // binary16 0x3C00
 }
 
 TEST_CASE("FP8 block-scaled weights are dequantized exactly, blocks from the config", "[io][fp8]") {
@@ -150,7 +150,7 @@ TEST_CASE("FP8 block-scaled weights are dequantized exactly, blocks from the con
   const Eigen::MatrixXd got = m.matrix("w.weight", rows, cols);
   for (Eigen::Index i = 0; i < rows; ++i)
     for (Eigen::Index j = 0; j < cols; ++j)
-      CHECK(got(i, j) == double(bd::io::detail::fp8_e4m3_value(codes[std::size_t(i * cols + j)])) * double(scales(i / 2, j / 4)));
+      CHECK(got(i, j) == double(bd::io::fp8_e4m3_value(codes[std::size_t(i * cols + j)])) * double(scales(i / 2, j / 4)));
   BD_CHECK_THROWS_CONTAINING(m.matrix("unscaled.weight", 2, 2), bd::FormatError, Contains("has no block scales 'unscaled.weight_scale_inv'"));
   BD_CHECK_THROWS_CONTAINING(m.matrix("bad_scales.weight", 2, 2), bd::FormatError, Contains("expected 1x1 for a 2x2 weight in 2x4 blocks"));
   fs::remove_all(dir);
@@ -294,7 +294,7 @@ TEST_CASE("an FP8 checkpoint converts to the same BD tensors as its dequantized 
     Eigen::MatrixXd values(d, d);  // the product of a 4-bit and a 24-bit significand: exact in double, not in float
     for (Eigen::Index i = 0; i < d; ++i)
       for (Eigen::Index j = 0; j < d; ++j)
-        values(i, j) = double(bd::io::detail::fp8_e4m3_value(codes[std::size_t(i * d + j)])) * double(scales(i / 4, j / 4));
+        values(i, j) = double(bd::io::fp8_e4m3_value(codes[std::size_t(i * d + j)])) * double(scales(i / 4, j / 4));
     const std::string t = std::string("model.layers.0.self_attn.") + name + ".weight";
     wq.add_bytes(t, bd::io::DType::F8_E4M3, {d, d}, codes).add<float>(t + "_scale_inv", scales);
     wf.add<double>(t, values);

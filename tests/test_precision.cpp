@@ -145,11 +145,11 @@ Heads float_exact_heads(Eigen::Index m, Eigen::Index n, Eigen::Index r, unsigned
 
 template <typename Scalar>
 void check_fp32_products() {
-  // B is formed in blocks of bd::detail::basis_block = 256 entries along the side opposite the
+  // B is formed in blocks of bd::basis_block = 256 entries along the side opposite the
   // basis: n = 600 in row form (two full blocks and a partial one), m = 300 in column form (Bᵀ in
   // blocks of its rows: one full, one partial).
   const Eigen::Index m = 300, n = 600, r = 32;
-  static_assert(bd::detail::basis_block == 256, "the shapes above straddle blocks of 256");
+  static_assert(bd::basis_block == 256, "the shapes above straddle blocks of 256");
   const auto heads = float_exact_heads(m, n, r, 41);
   for (Side side : {Side::Row, Side::Col}) {
     INFO(bd::to_string(side) << " form");

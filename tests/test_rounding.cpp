@@ -64,7 +64,7 @@ void check_round(const std::vector<In>& in) {
   for (std::size_t i = 0; i < in.size(); ++i) {
     Scalar want;
     if constexpr (std::is_same_v<In, float>) want = Scalar(in[i]);  // Eigen: one rounding from float
-    else want = bd::kernel::detail::round_one<Scalar>(in[i]);
+    else want = bd::round_to<Scalar>(in[i]);
     const std::uint16_t got = bits(out[i]), expect = bits(want);
     const bool same = got == expect || (is_nan_bits<Scalar>(got) && is_nan_bits<Scalar>(expect));
     if (!same && wrong++ == 0) first = i;

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include <bd/io/safetensors.hpp>
+#include <bd/io/safetensors_writer.hpp>
 
 #include "support.hpp"
 

@@ -1,7 +1,7 @@
 // On real trained weights (stories260K, a LLaMA-architecture TinyStories model: d = 64,
 // 8 query heads, 4 key/value heads, d_h = 8), the VO product of every query head is decomposed
 // per head in row form. Bounds are the issue's, set from a float64 model of the computation;
-// The README's "Accuracy on real trained weights" lists the measured table.
+// docs/benchmarks.md, "Accuracy on real trained weights", lists the measured table.
 #include <bd/io/safetensors.hpp>
 
 #include "support.hpp"
@@ -121,7 +121,7 @@ TEST_CASE("one shared window per layer: offset search beats the paper's residual
   }
   WARN("stories260K VO fp16 shared window: residual-min " << residual_min << ", offset-search " << offset_search);
   CHECK(offset_search < residual_min);
-  CHECK(offset_search <= 1.5e-6);  // the README's accuracy table: 1.14e-6
+  CHECK(offset_search <= 1.5e-6);  // docs/benchmarks.md's accuracy table: 1.14e-6
 }
 
 TEST_CASE("auto on trained weights meets its budget or says it fell back", "[real-model][auto]") {

@@ -168,8 +168,8 @@ TEST_CASE("auto's screen: a few products bound every window's mean estimate from
   // by H can only understate it; the screen skips ranking on the rest only above the budget.
   const bd::Index heads = 12, m = 48, r = 8;
   const bd::Options opts = bd::Options{}.with_align(4);
-  std::vector<bd::detail::FactoredProduct> ps;
-  const auto omega = bd::detail::sketch_matrix(m, opts);
+  std::vector<bd::ranking::FactoredProduct> ps;
+  const auto omega = bd::ranking::sketch_matrix(m, opts);
   for (bd::Index h = 0; h < heads; ++h) {
     auto p = random_product(m, 40, r, 60 + h);
     // Head 0 has no good window (rows in near-copies, 1e-3 apart: every window holds four such
@@ -177,25 +177,25 @@ TEST_CASE("auto's screen: a few products bound every window's mean estimate from
     // would pass the true mean.
     if (h == 0)
       for (bd::Index i = 1; i < m; i += 2) p.U.row(i) = p.U.row(i - 1) + 1e-3 * bd_test::gaussian(1, r, 90 + unsigned(i));
-    ps.push_back(bd::detail::factor_product(p.U, p.V, Eigen::MatrixXf(), bd::detail::message("head ", h), omega));
+    ps.push_back(bd::ranking::factor_product(p.U, p.V, Eigen::MatrixXf(), "head " + std::to_string(h), omega));
   }
   double best_mean = std::numeric_limits<double>::infinity();
-  for (const bd::Index o : bd::detail::candidate_offsets(Basis::OffsetSearch, m, r, opts.align)) {
+  for (const bd::Index o : bd::ranking::candidate_offsets(Basis::OffsetSearch, m, r, opts.align)) {
     double mean = 0;
-    for (const auto& p : ps) mean += bd::detail::score_window(p, bd::detail::contiguous(o, r), true).model / p.norm2;
+    for (const auto& p : ps) mean += bd::ranking::score_window(p, bd::ranking::contiguous(o, r), true).model / p.norm2;
     best_mean = std::min(best_mean, mean / double(heads));
   }
   bd::Index used = 0;
   // A limit of 0 decides after the first product: the weakest bound.
-  const double first = bd::detail::screened_window_bound(ps, opts, 0.0, used);
+  const double first = bd::ranking::screened_window_bound(ps, opts, 0.0, used);
   CHECK(used == 1);
   CHECK(first > 0);
   CHECK(first <= best_mean);
   // Just under the best window's mean: more products are taken, the bound never passes it.
-  const double tight = bd::detail::screened_window_bound(ps, opts, 0.999 * best_mean, used);
+  const double tight = bd::ranking::screened_window_bound(ps, opts, 0.999 * best_mean, used);
   CHECK((tight < 0 || tight <= best_mean));
   CHECK(used <= heads / 4);
-  CHECK(bd::detail::screened_window_bound(ps, opts, best_mean, used) < 0);  // never proves the best over its own mean
+  CHECK(bd::ranking::screened_window_bound(ps, opts, best_mean, used) < 0);  // never proves the best over its own mean
 }
 
 TEST_CASE("auto over many products: when the screen rules windows out, the result is the pivoted one", "[strategy][auto]") {

@@ -1,6 +1,6 @@
 // bd-convert — converts a Hugging Face checkpoint's attention to Basis Decomposition form.
 //
-//   bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f32|f16|bf16]
+//   bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f64|f32|f16|bf16]
 //              [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]
 //              [--latent-window-last] [--force] [--quiet] [--report FILE.json] INPUT OUTPUT
 //   bd-convert --demo [--layers N]
@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "../bench/deepseek_shapes.hpp"
+#include <bd/nn/synthetic_deepseek.hpp>
 
 namespace {
 
 constexpr const char* kUsage =
-    "usage: bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f32|f16|bf16]\n"
+    "usage: bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f64|f32|f16|bf16]\n"
     "                  [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]\n"
     "                  [--latent-window-last] [--force] [--quiet] [--report FILE.json] INPUT OUTPUT\n"
     "       bd-convert --demo [--layers N]\n"
@@ -51,53 +51,67 @@ void progress_line(const bd::io::ConvertProgress& p) {
                  p.seconds, megabytes(p.bytes_read), megabytes(p.bytes_written));
 }
 
-std::string fmt_nmse(const bd::io::ProductSummary& p) {
-  if (!p.converted) return "-";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", p.nmse);
-  return buf;
-}
-
-void print_table(const bd::io::ConvertReport& r) {
-  std::printf("%-34s %-18s %-18s %10s %10s %12s %12s %8s\n", "layer", "QK window", "VO window", "NMSE QK", "NMSE VO",
-              "params in", "params out", "time s");
-  std::int64_t before = 0, after = 0;
-  for (const auto& l : r.layers) {
-    std::printf("%-34s %-18s %-18s %10s %10s %12lld %12lld %8.3f\n", l.prefix.c_str(),
-                l.qk.converted ? l.qk.window.c_str() : "-", l.vo.converted ? l.vo.window.c_str() : "-",
-                fmt_nmse(l.qk).c_str(), fmt_nmse(l.vo).c_str(), (long long)l.params_before, (long long)l.params_after,
-                l.seconds);
-    before += l.params_before;
-    after += l.params_after;
+/// The one table bd-convert prints, a row per layer (the demo adds its check's error column).
+class LayerTable {
+public:
+  explicit LayerTable(bool with_error) : with_error_(with_error) {
+    std::printf("%-34s %-18s %-18s %10s %10s %12s %12s", "layer", "QK window", "VO window", "NMSE QK", "NMSE VO", "params in",
+                "params out");
+    if (with_error_) std::printf(" %12s", "max rel err");
+    std::printf(" %8s\n", "time s");
   }
-  const double change = before ? 100.0 * double(after - before) / double(before) : 0.0;
-  std::printf("total: %lld -> %lld parameters in the converted tensors (%.1f %% %s)\n", (long long)before,
-              (long long)after, change < 0 ? -change : change, change <= 0 ? "fewer" : "more");
-  if (!r.layers.empty())
-    for (const auto& w : r.layers.front().warnings) std::printf("cost model (forced): %s\n", w.c_str());
-}
+
+  void row(const bd::io::LayerReport& l, double error = 0) {
+    std::printf("%-34s %-18s %-18s %10s %10s %12lld %12lld", l.prefix.c_str(), window(l.qk).c_str(), window(l.vo).c_str(),
+                nmse(l.qk).c_str(), nmse(l.vo).c_str(), (long long)l.params_before, (long long)l.params_after);
+    if (with_error_) std::printf(" %12.3g", error);
+    std::printf(" %8.3f\n", l.seconds);
+    std::fflush(stdout);
+    before_ += l.params_before;
+    after_ += l.params_after;
+    if (warnings_.empty()) warnings_ = l.warnings;
+  }
+
+  void total() const {
+    const double change = before_ ? 100.0 * double(after_ - before_) / double(before_) : 0.0;
+    std::printf("total: %lld -> %lld parameters in the converted tensors (%.1f %% %s)\n", (long long)before_,
+                (long long)after_, change < 0 ? -change : change, change <= 0 ? "fewer" : "more");
+    for (const auto& w : warnings_) std::printf("cost model (forced): %s\n", w.c_str());
+  }
+
+private:
+  static std::string window(const bd::nn::ProductReport& p) { return p.decomposed ? p.window : "-"; }
+  static std::string nmse(const bd::nn::ProductReport& p) {
+    if (!p.decomposed) return "-";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", p.mean_nmse);
+    return buf;
+  }
+  bool with_error_;
+  std::int64_t before_ = 0, after_ = 0;
+  std::vector<std::string> warnings_;
+};
 
 /// The built-in default: a synthetic DeepSeek-V2-Lite attention stack (MLA with decoupled RoPE),
 /// converted to BD (qkvo) in memory and verified against the dense layers.
 int demo(int layers) {
-  using S = bd_bench::DeepSeekV2Lite;
+  using S = bd::synthetic::DeepSeekV2Lite;
   const int rope = 64;
   std::printf("bd-convert --demo: synthetic DeepSeek-V2-Lite attention, %d layers x %d heads, hidden %d, latent %d,\n"
               "qk_nope %d, qk_rope %d, v %d; BD qkvo (auto basis), stored in f16, verified against the dense layer\n\n",
               layers, S::heads, S::hidden, S::latent, S::head_dim, rope, S::head_dim);
-  std::printf("%-6s %-18s %-18s %10s %10s %12s %12s %12s %8s\n", "layer", "QK window", "VO window", "NMSE QK", "NMSE VO",
-              "params in", "params out", "max rel err", "time s");
+  LayerTable table(true);
   std::mt19937_64 rng(7);
   double worst = 0;
   for (int l = 0; l < layers; ++l) {
-    const auto f = bd_bench::synthetic_layer(static_cast<unsigned>(l));
+    const auto f = bd::synthetic::synthetic_layer(static_cast<unsigned>(l));
     bd::nn::AttentionConfig c;
     c.n_q = c.n_kv = S::heads;
     c.head_dim = c.v_head_dim = S::head_dim;
     c.rope_dim = rope;
     c.causal = true;
     bd::nn::AttentionWeights<float> w;
-    w.W_dkv = bd_bench::gaussian(S::hidden, S::latent, 1.0f / std::sqrt(float(S::hidden)), rng);
+    w.W_dkv = bd::synthetic::gaussian(S::hidden, S::latent, 1.0f / std::sqrt(float(S::hidden)), rng);
     w.kv_norm = Eigen::VectorXf::Ones(S::latent);
     w.Wq.resize(S::hidden, S::heads * S::head_dim);
     w.Wk.resize(S::latent, S::heads * S::head_dim);
@@ -109,22 +123,26 @@ int demo(int layers) {
       w.Wv.middleCols(h * S::head_dim, S::head_dim) = f.uv[std::size_t(h)];
       w.Wo.middleRows(h * S::head_dim, S::head_dim) = f.o[std::size_t(h)].transpose();
     }
-    w.Wq_rope = bd_bench::gaussian(S::hidden, S::heads * rope, 1.0f / std::sqrt(float(S::hidden)), rng);
-    w.Wk_rope = bd_bench::gaussian(S::hidden, rope, 1.0f / std::sqrt(float(S::hidden)), rng);
+    w.Wq_rope = bd::synthetic::gaussian(S::hidden, S::heads * rope, 1.0f / std::sqrt(float(S::hidden)), rng);
+    w.Wk_rope = bd::synthetic::gaussian(S::hidden, rope, 1.0f / std::sqrt(float(S::hidden)), rng);
     const bd::nn::MultiHeadAttention<float> dense(c, w);
     const auto start = std::chrono::steady_clock::now();
     const auto bda = bd::nn::BDAttention<Eigen::half>::prepare(dense, bd::nn::BDAttentionOptions{}.with_mode(bd::nn::Mode::QKVO));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const Eigen::MatrixXf x = bd_bench::gaussian(16, S::hidden, 1.0f, rng);
+    const Eigen::MatrixXf x = bd::synthetic::gaussian(16, S::hidden, 1.0f, rng);
     const Eigen::MatrixXf y = dense.forward(x), y_bd = bda.forward(x);
     const double err = (y_bd - y).cwiseAbs().maxCoeff() / y.cwiseAbs().maxCoeff();
     worst = std::max(worst, err);
-    const long long before = w.Wq.size() + w.Wk.size() + w.Wv.size() + w.Wo.size();
-    std::printf("%-6d %-18s %-18s %10.3g %10.3g %12lld %12lld %12.3g %8.2f\n", l,
-                bd::io::detail::window_of(bda.qk_indices()).c_str(), bd::io::detail::window_of(bda.vo_indices()).c_str(),
-                bda.qk_report().mean_nmse, bda.vo_report().mean_nmse, before, (long long)bda.parameters(), err, seconds);
-    std::fflush(stdout);
+    bd::io::LayerReport report;
+    report.prefix = "layer " + std::to_string(l);
+    report.qk = bda.qk_report();
+    report.vo = bda.vo_report();
+    report.params_before = w.Wq.size() + w.Wk.size() + w.Wv.size() + w.Wo.size();
+    report.params_after = bda.parameters();
+    report.seconds = seconds;
+    table.row(report, err);
   }
+  table.total();
   std::printf("\nworst max |BD − dense| / max |dense| over all layers, f16 storage against the fp32 dense layer: %.3g\n", worst);
   // f16 storage: each weight carries 2^-11 relative error; outputs of a few such terms stay below 1 %.
   return worst < 1e-2 ? 0 : 1;
@@ -137,7 +155,7 @@ int main(int argc, char** argv) {
   bd::io::ConvertOptions opts;
   std::string input, output, report_path;
   bool have_arch = false, have_mode = false, run_demo = false, quiet = false;
-  int demo_layers = bd_bench::DeepSeekV2Lite::layers;
+  int demo_layers = bd::synthetic::DeepSeekV2Lite::layers;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -147,7 +165,7 @@ int main(int argc, char** argv) {
       };
       if (a == "--arch") opts.arch = bd::io::parse_arch(value()), have_arch = true;
       else if (a == "--mode") opts.mode = bd::nn::parse_mode(value()), have_mode = true;
-      else if (a == "--dtype") opts.dtype = value();
+      else if (a == "--dtype") opts.storage = bd::parse_storage(value());
       else if (a == "--basis") opts.decomposition.basis = bd::parse_basis(value());
       else if (a == "--align") {
         const std::string v = value();
@@ -170,17 +188,15 @@ int main(int argc, char** argv) {
       else throw UsageError("unexpected argument " + a);
     }
     if (run_demo) {
-      if (demo_layers < 1 || demo_layers > bd_bench::DeepSeekV2Lite::layers) throw UsageError("--layers must be 1..27");
+      if (demo_layers < 1 || demo_layers > bd::synthetic::DeepSeekV2Lite::layers) throw UsageError("--layers must be 1..27");
     } else {
       if (!have_arch || !have_mode) throw UsageError("--arch and --mode are required");
       if (input.empty() || output.empty()) throw UsageError("INPUT and OUTPUT are required");
-      if (opts.dtype != "f32" && opts.dtype != "f16" && opts.dtype != "bf16")
-        throw UsageError("--dtype must be f32, f16 or bf16, got '" + opts.dtype + "'");
     }
   } catch (const UsageError& e) {
     std::fprintf(stderr, "bd-convert: %s\n%s", e.what(), kUsage);
     return 2;
-  } catch (const bd::Error& e) {  // an unknown --arch, --mode or --basis name
+  } catch (const bd::Error& e) {  // an unknown --arch, --mode, --dtype or --basis name
     std::fprintf(stderr, "bd-convert: %s\n%s", e.what(), kUsage);
     return 2;
   }
@@ -188,7 +204,9 @@ int main(int argc, char** argv) {
   try {
     if (run_demo) return demo(demo_layers);
     const auto report = bd::io::convert_checkpoint(input, output, opts, quiet ? nullptr : progress_line);
-    print_table(report);
+    LayerTable table(false);
+    for (const auto& l : report.layers) table.row(l);
+    table.total();
     std::printf("wrote %s (%lld tensors in %zu file%s; %lld in %zu in the input)\n", output.c_str(), (long long)report.tensors_out,
                 report.files_out, report.files_out == 1 ? "" : "s", (long long)report.tensors_in, report.files_in);
     std::printf("%.1f s: read %.1f MB, wrote %.1f MB (%.0f MB/s)\n", report.seconds, megabytes(report.bytes_in),

@@ -3,7 +3,7 @@
 
 Runs examples/train_lm once per (attention, scale) with the same seed, steps and model, one after
 the other, and writes into OUT: each run's log and validation curve, results.json (every run's
-final JSON line), table.md (the README's table) and curves.png (validation loss against step).
+final JSON line), table.md (docs/training.md's table) and curves.png (validation loss against step).
 
   tools/train_sweep.py --train-lm build/examples/train_lm --out docs/train/DATE [--scales 0.5,1,2,4]
                        [--variants mha,bda] [-- extra train_lm options, e.g. --steps 1500 --layers 2]

@@ -11,6 +11,6 @@
 
 #include "bd/core/decompose.hpp"
 #include "bd/core/decomposition.hpp"
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/core/options.hpp"
 #include "bd/core/scalar.hpp"

@@ -23,7 +23,7 @@
 #include <Eigen/QR>
 
 #include "bd/core/basis_selection.hpp"
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/core/factored_product.hpp"
 #include "bd/core/phase_times.hpp"
 #include "bd/core/scalar.hpp"
@@ -132,211 +132,242 @@ inline constexpr Index basis_block = 256;
 /// corrects that double rounding), far below the 6e-8 of float storage.
 inline constexpr double well_conditioned_rcond = 1e-6;
 
-/// `times` receives the thread-seconds of the fit, round and error steps. `side` is the
-/// Decomposition's: the column form's B is formed transposed, Bᵀ = V·U_Sᵀ (n×r), so the stored
-/// result is written once in its own orientation and ΔB·ΔBᵀ is the Gram of ΔBᵀ's columns.
+/// One fit in progress: the product and its basis, the thread's buffers, the phase clock and
+/// what the stages hand on. The maths is in row form; `col` (the Decomposition's column form)
+/// forms B transposed, Bᵀ = V·U_Sᵀ (n×r), so the stored result is written once in its own
+/// orientation and ΔB·ΔBᵀ is the Gram of ΔBᵀ's columns. Products of r×r and larger run on the
+/// dispatched kernel (kernel/matmul.hpp), not at the SSE2 speed Eigen has in a build without
+/// -march; solves go through explicit r×r inverses so that their many right-hand sides become
+/// products too.
+template <typename Scalar>
+struct FitStage {
+  const FactoredProduct& p;
+  const bool col;
+  const ProductPrecision precision;
+  FitBuffers& buf;
+  PhaseTimes& times;
+  Stopwatch clock;
+  BasisFit<Scalar> out;
+  double dB2 = 0;                // ‖ΔB‖²
+  bool formed_in_float = false;  // B formed in float blocks, ΔB·V and ΔB·ΔBᵀ summed in float
+  static constexpr bool exact_basis = std::is_same_v<Scalar, double>;  // B̂ = B
+
+  Index r() const { return p.r(); }
+
+  /// B (or Bᵀ) from U_S and V's rows given: all of them, or one block of them.
+  template <typename US, typename V, typename Out>
+  void form_B(const US& us, const V& v, Out& b) const {
+    if (col) b.resize(v.rows(), r()), kernel::matmul_into(v, us.transpose(), b);
+    else b.resize(r(), v.rows()), kernel::matmul_into(us, v.transpose(), b);
+  }
+  /// ΔB·V and ΔB·ΔBᵀ from ΔB as held (ΔBᵀ in column form, read in place).
+  template <typename DB, typename V, typename DBV, typename DBDBt>
+  void delta_products(const DB& dB, const V& v, DBV& dBV, DBDBt& dBdBt) const {
+    if (col) kernel::matmul_into(dB.transpose(), v, dBV), kernel::gram_into(dB, dBdBt);
+    else kernel::matmul_into(dB, v, dBV), kernel::gram_into(dB.transpose(), dBdBt);
+  }
+};
+
+/// Stage 1: U_S, U_R, Q_R gathered, and Q_S⁻¹ — Q_Sᵀ factored on the CPU's vectors
+/// (kernel/small_lu.hpp: panel-blocked partial pivoting and Hager's rcond estimate), its storage
+/// kept per thread; C = Q_R·Q_S⁻¹ later reads (Q_Sᵀ)⁻¹ transposed, in place.
+template <typename Scalar>
+void invert_basis_block(FitStage<Scalar>& f, const std::vector<Index>& S) {
+  const std::vector<Index> R = complement(S, f.p.m());
+  gather_rows(f.p.U, S, f.buf.US);
+  gather_rows(f.p.U, R, f.buf.UR), gather_rows(f.p.Q, R, f.buf.QR);  // (m−r)×r, reused across products
+  thread_local bd::kernel::SmallLU<double> lu;
+  if (is_window(S)) lu.compute(f.p.Q.middleRows(S.front(), f.r()).transpose());
+  else lu.compute(f.p.Q(S, Eigen::all).transpose());
+  f.out.rcond = lu.rcond();
+  require_nonsingular(f.out.rcond, S, f.p.name);
+  lu.inverse_into(f.buf.QSinv_t);
+}
+
+/// Stage 2 for half and bfloat16: B formed in float, in blocks of basis_block entries along n
+/// (columns of B, rows of Bᵀ), each rounded to B̂ and differenced to ΔB while it and V's rows
+/// are in L2; ΔB·V and ΔB·ΔBᵀ are summed block by block (float Grams: fp32_basis implies
+/// fp32_grams). Nothing r×n is held.
+template <typename Scalar>
+void form_basis_in_float_blocks(FitStage<Scalar>& f) {
+  FitBuffers& buf = f.buf;
+  const Index r = f.r(), n = f.p.n();
+  buf.USf = buf.US.cast<float>();
+  f.out.B.resize(f.col ? n : r, f.col ? r : n);
+  buf.dBVf.setZero(r, r), buf.dBdBtf.setZero(r, r);
+  buf.dBVf_part.resize(r, r), buf.dBdBtf_part.resize(r, r);
+  for (Index j0 = 0; j0 < n; j0 += basis_block) {
+    const Index w = std::min(basis_block, n - j0);
+    const auto Vb = f.p.Vf().middleRows(j0, w);
+    Eigen::MatrixXf& Bb = buf.Bf;
+    f.form_B(buf.USf, Vb, Bb);
+    f.times.fit += f.clock.lap();
+    // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
+    buf.dBf.resize(Bb.rows(), Bb.cols());
+    const Index runs = f.col ? r : 1, run = f.col ? w : r * w;  // contiguous runs of the stored block
+    for (Index c = 0; c < runs; ++c) {
+      Scalar* stored = f.col ? &f.out.B(j0, c) : &f.out.B(0, j0);
+      kernel::round_into(Bb.data() + c * run, run, stored);
+      kernel::widen_into(stored, run, buf.dBf.data() + c * run);
+    }
+    buf.dBf -= Bb;
+    f.dB2 += squared_norm_in_double(buf.dBf);
+    f.times.round += f.clock.lap();
+    f.delta_products(buf.dBf, Vb, buf.dBVf_part, buf.dBdBtf_part);
+    buf.dBVf += buf.dBVf_part, buf.dBdBtf += buf.dBdBtf_part;
+  }
+  f.formed_in_float = true;
+}
+
+/// Stage 2 otherwise: B in double, rounded once; ΔB kept in the type its Grams will be formed in.
+template <typename Scalar>
+void form_basis_in_double(FitStage<Scalar>& f) {
+  FitBuffers& buf = f.buf;
+  f.form_B(buf.US, f.p.V, buf.Bd);
+  const Eigen::MatrixXd& B = buf.Bd;
+  f.times.fit += f.clock.lap();
+  f.out.B = round_matrix<Scalar>(B);
+  if constexpr (std::is_same_v<Scalar, float>) {
+    // One pass, no double temporary: float storage's ΔB is only read by the fp32 Grams.
+    if (f.precision.fp32_grams) buf.dBf = (f.out.B.template cast<double>() - B).template cast<float>();
+    else buf.dB = f.out.B.template cast<double>() - B;
+  } else if constexpr (!FitStage<Scalar>::exact_basis) {
+    buf.dB = values_as<double>(f.out.B) - B;
+    if (f.precision.fp32_grams) buf.dBf = buf.dB.cast<float>();
+  }
+}
+
+/// Stage 3: ΔB·V, ΔB·ΔBᵀ and ‖ΔB‖² in double, from whichever ΔB stage 2 left (zero for a
+/// double basis, which is exact).
+template <typename Scalar>
+void delta_grams(FitStage<Scalar>& f) {
+  FitBuffers& buf = f.buf;
+  const Index r = f.r();
+  buf.dBV.resize(r, r), buf.dBdBt.resize(r, r);
+  if (FitStage<Scalar>::exact_basis) {
+    buf.dBV.setZero(), buf.dBdBt.setZero();
+  } else if (f.formed_in_float) {
+    buf.dBV = buf.dBVf.cast<double>(), buf.dBdBt = buf.dBdBtf.cast<double>();
+  } else if (f.precision.fp32_grams) {
+    buf.dBVf.resize(r, r), buf.dBdBtf.resize(r, r);
+    f.delta_products(buf.dBf, f.p.Vf(), buf.dBVf, buf.dBdBtf);
+    buf.dBV = buf.dBVf.cast<double>(), buf.dBdBt = buf.dBdBtf.cast<double>();
+    f.dB2 = squared_norm_in_double(buf.dBf);
+  } else {
+    f.delta_products(buf.dB, f.p.V, buf.dBV, buf.dBdBt);
+    f.dB2 = buf.dB.squaredNorm();
+  }
+}
+
+/// Stage 4: C = Q_R·Q_S⁻¹, refitted against the rounded basis when asked (and B̂ ≠ B). Normal
+/// equations C'·B̂B̂ᵀ = U_R·Vᵀ·B̂ᵀ with B̂ = B + ΔB and C·U_S = U_R − D:
+///   Y = ΔB·B̂ᵀ = ΔB·V·U_Sᵀ + ΔB·ΔBᵀ,   B̂B̂ᵀ = U_S·G·U_Sᵀ + Y + Yᵀ − ΔB·ΔBᵀ,
+///   C' = C − C·Y·(B̂B̂ᵀ)⁻¹ + D·(G·U_Sᵀ + (ΔB·V)ᵀ)·(B̂B̂ᵀ)⁻¹.
+/// Without D, C' = Q_R·Q_S⁻¹·(I − Y·(B̂B̂ᵀ)⁻¹): one (m−r)×r×r product for the whole fit. A
+/// dependent basis (rank-deficient V) leaves B̂B̂ᵀ singular: the unrefitted C is then kept.
+template <typename Scalar>
+void fit_coefficients(FitStage<Scalar>& f, bool refit) {
+  using Eigen::MatrixXd;
+  using kernel::matmul_into;
+  FitBuffers& buf = f.buf;
+  const Index r = f.r();
+  const auto QSinv = buf.QSinv_t.transpose();
+  MatrixXd& C = buf.C;
+  C.resize(buf.QR.rows(), r);
+  if (FitStage<Scalar>::exact_basis || !refit) return matmul_into(buf.QR, QSinv, C);
+  const auto USt = buf.US.transpose();
+  MatrixXd &GUSt = buf.GUSt, &Y = buf.Y, &BBt = buf.BBt;
+  GUSt.resize(r, r), Y.resize(r, r), BBt.resize(r, r);
+  matmul_into(f.p.G, USt, GUSt);
+  matmul_into(buf.dBV, USt, Y);
+  Y += buf.dBdBt;
+  matmul_into(buf.US, GUSt, BBt);
+  BBt += Y + Y.transpose() - buf.dBdBt;
+  thread_local Eigen::LLT<MatrixXd> llt;
+  llt.compute(BBt);
+  if (!(llt.info() == Eigen::Success && llt.rcond() > 1e-13)) return matmul_into(buf.QR, QSinv, C);
+  MatrixXd &inv = buf.inv, &M = buf.M, &T = buf.T;
+  bd::kernel::inverse_into(llt, inv);
+  M.resize(r, r), T.resize(r, r);
+  matmul_into(Y, inv, M);  // M = I − Y·(B̂B̂ᵀ)⁻¹
+  M = -M;
+  M.diagonal().array() += 1.0;
+  matmul_into(QSinv, M, T);
+  matmul_into(buf.QR, T, C);
+  if (f.out.rcond < well_conditioned_rcond) {
+    const MatrixXd D = buf.UR - bd::kernel::matmul(bd::kernel::matmul(buf.QR, QSinv), buf.US);
+    C += bd::kernel::matmul(D, bd::kernel::matmul(MatrixXd(GUSt + buf.dBV.transpose()), inv));
+  }
+  f.out.refitted = true;
+}
+
+/// Stage 6: ‖W − Ŵ‖² from Ĉ in row form ((m−r)×r; the column form's stored Ĉᵀ read transposed):
+/// with D̂ = U_R − Ĉ·U_S in double (it cancels to the size of the error), the header's
+/// ⟨D̂ᵀD̂, G⟩ − 2⟨ĈᵀD̂, ΔB·V⟩ + ⟨ĈᵀĈ, ΔB·ΔBᵀ⟩ + ‖ΔB‖². Its Grams are in float when allowed: they
+/// are already at the scale of the error, so float keeps 6 digits of it.
+template <typename Scalar, typename ChRow>
+double exact_error(FitStage<Scalar>& f, const ChRow& Chr) {
+  using Eigen::MatrixXd;
+  using kernel::gram_into;
+  FitBuffers& buf = f.buf;
+  const Index r = f.r();
+  const MatrixXd &G = f.p.G, &dBV = buf.dBV, &dBdBt = buf.dBdBt;
+  MatrixXd& Dh = buf.Dh;
+  Dh.resize(Chr.rows(), r);
+  kernel::matmul_into(Chr, buf.US, Dh);
+  Dh = buf.UR - Dh;  // elementwise: reading and writing the same entry
+  if (FitStage<Scalar>::exact_basis) {
+    MatrixXd& DtD = buf.T;
+    DtD.resize(r, r);
+    gram_into(Dh, DtD);
+    return DtD.cwiseProduct(G).sum();
+  }
+  if (f.precision.fp32_grams) {
+    Eigen::MatrixXf &X = buf.X, &XtX = buf.XtX;
+    X.resize(Dh.rows(), 2 * r);
+    X << Dh.cast<float>(), Chr.template cast<float>();
+    XtX.resize(2 * r, 2 * r);
+    gram_into(X, XtX);  // [D̂ Ĉ]ᵀ[D̂ Ĉ]: D̂ᵀD̂, ĈᵀD̂ and ĈᵀĈ as its blocks
+    return XtX.topLeftCorner(r, r).cast<double>().cwiseProduct(G).sum() -
+           2 * XtX.bottomLeftCorner(r, r).cast<double>().cwiseProduct(dBV).sum() +
+           XtX.bottomRightCorner(r, r).cast<double>().cwiseProduct(dBdBt).sum() + f.dB2;
+  }
+  MatrixXd &DtD = buf.T, &CtD = buf.M, &CtC = buf.inv;
+  DtD.resize(r, r), CtD.resize(r, r), CtC.resize(r, r);
+  gram_into(Dh, DtD), kernel::matmul_into(Chr.transpose(), Dh, CtD), gram_into(Chr, CtC);
+  return DtD.cwiseProduct(G).sum() - 2 * CtD.cwiseProduct(dBV).sum() + CtC.cwiseProduct(dBdBt).sum() + f.dB2;
+}
+
+/// B and C for the basis rows S of p, rounded once to Scalar, with the exact error: the stages
+/// above in order, each timed into `times` (thread-seconds of fit, round and error).
 template <typename Scalar>
 BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool refit, ProductPrecision precision,
                            Side side, PhaseTimes& times) {
-  using Eigen::MatrixXd;
-  using Eigen::MatrixXf;
-  using bd::kernel::gram_into;
-  using bd::kernel::matmul_into;
-  // Products of r×r and larger run on the dispatched kernel (kernel/matmul.hpp), not at the
-  // SSE2 speed Eigen has in a build without -march; solves go through explicit r×r inverses
-  // so that their many right-hand sides become products too. Every intermediate lives in the
-  // thread's FitBuffers.
-  const Index r = p.r();
-  Stopwatch clock;
-  BasisFit<Scalar> fit;
-  const std::vector<Index> R = complement(S, p.m());
-  FitBuffers& buf = fit_buffers();
-  gather_rows(p.U, S, buf.US);
-  gather_rows(p.U, R, buf.UR), gather_rows(p.Q, R, buf.QR);  // (m−r)×r, reused across products
-  const MatrixXd &US = buf.US, &UR = buf.UR, &QR = buf.QR;
-  const auto USt = US.transpose();
-
-  // Q_Sᵀ factored on the CPU's vectors (kernel/small_lu.hpp: panel-blocked partial pivoting and
-  // Hager's rcond estimate); the factorization's storage is kept per thread. C = Q_R·Q_S⁻¹ reads
-  // (Q_Sᵀ)⁻¹ transposed, in place.
-  thread_local bd::kernel::SmallLU<double> lu;
-  if (is_window(S)) lu.compute(p.Q.middleRows(S.front(), r).transpose());
-  else lu.compute(p.Q(S, Eigen::all).transpose());
-  fit.rcond = lu.rcond();
-  require_nonsingular(fit.rcond, S, p.name);
-  lu.inverse_into(buf.QSinv_t);
-  const auto QSinv = buf.QSinv_t.transpose();
-
-  // B = U_S·Vᵀ (or Bᵀ), its stored value B̂ and ΔB = B̂ − B (float when the Grams are).
-  const bool col = side == Side::Col;
-  const Index n = p.n();
-  // B (or Bᵀ) for V's rows given: all of them, or one block of them.
-  auto form_B = [&](const auto& USo, const auto& Vo, auto& out) {
-    if (col) out.resize(Vo.rows(), r), matmul_into(Vo, USo.transpose(), out);
-    else out.resize(r, Vo.rows()), matmul_into(USo, Vo.transpose(), out);
-  };
-  // ΔB·V and ΔB·ΔBᵀ from ΔB as held (ΔBᵀ in column form, read in place).
-  auto delta_products = [&](const auto& dBo, const auto& Vo, auto& dBVo, auto& dBdBto) {
-    if (col) matmul_into(dBo.transpose(), Vo, dBVo), gram_into(dBo, dBdBto);
-    else matmul_into(dBo, Vo, dBVo), gram_into(dBo.transpose(), dBdBto);
-  };
-  const bool exact_basis = std::is_same_v<Scalar, double>;
-  MatrixXf& dBf = buf.dBf;
-  MatrixXd& dB = buf.dB;
-  double dB2 = 0;  // ‖ΔB‖²
-  bool formed_in_float = false;
+  FitStage<Scalar> f{p, side == Side::Col, precision, fit_buffers(), times, {}, {}};
+  invert_basis_block(f, S);
   if constexpr (bd::kernel::detail::is_narrow_v<Scalar>) {
-    if (precision.fp32_basis) {
-      // In blocks of basis_block entries along n (columns of B, rows of Bᵀ): a block's B, B̂ and
-      // ΔB and V's rows stay in L2 from forming B to ΔB·V and ΔB·ΔBᵀ, which sum block by block
-      // (the Grams are float here: fp32_basis implies fp32_grams). Nothing r×n is held.
-      buf.USf = US.cast<float>();
-      fit.B.resize(col ? n : r, col ? r : n);
-      buf.dBVf.setZero(r, r), buf.dBdBtf.setZero(r, r);
-      buf.dBVf_part.resize(r, r), buf.dBdBtf_part.resize(r, r);
-      for (Index j0 = 0; j0 < n; j0 += basis_block) {
-        const Index w = std::min(basis_block, n - j0);
-        const auto Vb = p.Vf().middleRows(j0, w);
-        MatrixXf& Bb = buf.Bf;
-        form_B(buf.USf, Vb, Bb);
-        times.fit += clock.lap();
-        // B̂ and B are floats within a factor 2 of each other: their difference is exact (Sterbenz).
-        dBf.resize(Bb.rows(), Bb.cols());
-        const Index runs = col ? r : 1, run = col ? w : r * w;  // contiguous runs of the stored block
-        for (Index c = 0; c < runs; ++c) {
-          Scalar* stored = col ? &fit.B(j0, c) : &fit.B(0, j0);
-          kernel::round_into(Bb.data() + c * run, run, stored);
-          kernel::widen_into(stored, run, dBf.data() + c * run);
-        }
-        dBf -= Bb;
-        dB2 += squared_norm_in_double(dBf);
-        times.round += clock.lap();
-        delta_products(dBf, Vb, buf.dBVf_part, buf.dBdBtf_part);
-        buf.dBVf += buf.dBVf_part, buf.dBdBtf += buf.dBdBtf_part;
-      }
-      formed_in_float = true;
-    }
-  }
-  if (!formed_in_float) {
-    form_B(US, p.V, buf.Bd);
-    const MatrixXd& B = buf.Bd;
-    times.fit += clock.lap();
-    fit.B = round_matrix<Scalar>(B);
-    if constexpr (std::is_same_v<Scalar, float>) {
-      // One pass, no double temporary: float storage's ΔB is only read by the fp32 Grams.
-      if (precision.fp32_grams) dBf = (fit.B.template cast<double>() - B).template cast<float>();
-      else dB = fit.B.template cast<double>() - B;
-    } else if constexpr (!std::is_same_v<Scalar, double>) {
-      dB = values_as<double>(fit.B) - B;
-      if (precision.fp32_grams) dBf = dB.cast<float>();
-    }
-  }
-  require_representable<Scalar>(fit.B, "basis", p.name);
-  times.round += clock.lap();
-
-  MatrixXd& C = buf.C;
-  C.resize(static_cast<Index>(R.size()), r);
-  MatrixXd &dBV = buf.dBV, &dBdBt = buf.dBdBt;
-  dBV.resize(r, r), dBdBt.resize(r, r);
-  if (exact_basis) {
-    // B̂ = B: ΔB = 0, and C is already the least-squares fit; nothing to refit against.
-    dBV.setZero(), dBdBt.setZero();
-    matmul_into(QR, QSinv, C);
+    if (precision.fp32_basis) form_basis_in_float_blocks(f);
+    else form_basis_in_double(f);
   } else {
-    if (formed_in_float) {
-      dBV = buf.dBVf.cast<double>(), dBdBt = buf.dBdBtf.cast<double>();
-    } else if (precision.fp32_grams) {
-      buf.dBVf.resize(r, r), buf.dBdBtf.resize(r, r);
-      delta_products(dBf, p.Vf(), buf.dBVf, buf.dBdBtf);
-      dBV = buf.dBVf.cast<double>(), dBdBt = buf.dBdBtf.cast<double>();
-      dB2 = squared_norm_in_double(dBf);
-    } else {
-      delta_products(dB, p.V, dBV, dBdBt);
-      dB2 = dB.squaredNorm();
-    }
-    if (!refit) {
-      matmul_into(QR, QSinv, C);
-    } else {
-      // Normal equations C'·B̂B̂ᵀ = U_R·Vᵀ·B̂ᵀ with B̂ = B + ΔB and C·U_S = U_R − D:
-      //   Y = ΔB·B̂ᵀ = ΔB·V·U_Sᵀ + ΔB·ΔBᵀ,   B̂B̂ᵀ = U_S·G·U_Sᵀ + Y + Yᵀ − ΔB·ΔBᵀ,
-      //   C' = C − C·Y·(B̂B̂ᵀ)⁻¹ + D·(G·U_Sᵀ + (ΔB·V)ᵀ)·(B̂B̂ᵀ)⁻¹.
-      // Without D, C' = Q_R·Q_S⁻¹·(I − Y·(B̂B̂ᵀ)⁻¹): one (m−r)×r×r product for the whole fit.
-      MatrixXd &GUSt = buf.GUSt, &Y = buf.Y, &BBt = buf.BBt;
-      GUSt.resize(r, r), Y.resize(r, r), BBt.resize(r, r);
-      matmul_into(p.G, USt, GUSt);
-      matmul_into(dBV, USt, Y);
-      Y += dBdBt;
-      matmul_into(US, GUSt, BBt);
-      BBt += Y + Y.transpose() - dBdBt;
-      thread_local Eigen::LLT<MatrixXd> llt;
-      llt.compute(BBt);
-      // A dependent basis (rank-deficient V) leaves B̂B̂ᵀ singular: the unrefitted C is then kept.
-      if (llt.info() == Eigen::Success && llt.rcond() > 1e-13) {
-        MatrixXd &inv = buf.inv, &M = buf.M, &T = buf.T;
-        bd::kernel::inverse_into(llt, inv);
-        M.resize(r, r), T.resize(r, r);
-        matmul_into(Y, inv, M);  // M = I − Y·(B̂B̂ᵀ)⁻¹
-        M = -M;
-        M.diagonal().array() += 1.0;
-        matmul_into(QSinv, M, T);
-        matmul_into(QR, T, C);
-        if (fit.rcond < well_conditioned_rcond) {
-          const MatrixXd D = UR - bd::kernel::matmul(bd::kernel::matmul(QR, QSinv), US);
-          C += bd::kernel::matmul(D, bd::kernel::matmul(MatrixXd(GUSt + dBV.transpose()), inv));
-        }
-        fit.refitted = true;
-      } else {
-        matmul_into(QR, QSinv, C);
-      }
-    }
+    form_basis_in_double(f);
   }
-
-  times.fit += clock.lap();
-  if (col) {
-    buf.Ct = C.transpose();
-    fit.C = round_matrix<Scalar>(buf.Ct);
-  } else {
-    fit.C = round_matrix<Scalar>(C);
-  }
-  require_representable<Scalar>(fit.C, "coefficient matrix", p.name);
-  times.round += clock.lap();
-  // The exact error from Ĉ in row form ((m−r)×r; the column form's stored Ĉᵀ read transposed).
-  MatrixXd& Ch = buf.Ch;
-  Ch.resize(fit.C.rows(), fit.C.cols());
-  kernel::widen_into(fit.C.data(), fit.C.size(), Ch.data());
-  auto exact_error = [&](const auto& Chr) {
-    // D̂ = U_R − Ĉ·U_S in double (it cancels to the size of the error); its Grams in float when
-    // allowed: they are already at the scale of the error, so float keeps 6 digits of it.
-    MatrixXd& Dh = buf.Dh;
-    Dh.resize(Chr.rows(), r);
-    matmul_into(Chr, US, Dh);
-    Dh = UR - Dh;  // elementwise: reading and writing the same entry
-    if (exact_basis) {
-      MatrixXd& DtD = buf.T;
-      DtD.resize(r, r);
-      gram_into(Dh, DtD);
-      return DtD.cwiseProduct(p.G).sum();
-    }
-    if (precision.fp32_grams) {
-      MatrixXf &X = buf.X, &XtX = buf.XtX;
-      X.resize(Dh.rows(), 2 * r);
-      X << Dh.cast<float>(), Chr.template cast<float>();
-      XtX.resize(2 * r, 2 * r);
-      gram_into(X, XtX);  // [D̂ Ĉ]ᵀ[D̂ Ĉ]: D̂ᵀD̂, ĈᵀD̂ and ĈᵀĈ as its blocks
-      return XtX.topLeftCorner(r, r).cast<double>().cwiseProduct(p.G).sum() -
-             2 * XtX.bottomLeftCorner(r, r).cast<double>().cwiseProduct(dBV).sum() +
-             XtX.bottomRightCorner(r, r).cast<double>().cwiseProduct(dBdBt).sum() + dB2;
-    }
-    MatrixXd &DtD = buf.T, &CtD = buf.M, &CtC = buf.inv;
-    DtD.resize(r, r), CtD.resize(r, r), CtC.resize(r, r);
-    gram_into(Dh, DtD), matmul_into(Chr.transpose(), Dh, CtD), gram_into(Chr, CtC);
-    return DtD.cwiseProduct(p.G).sum() - 2 * CtD.cwiseProduct(dBV).sum() + CtC.cwiseProduct(dBdBt).sum() + dB2;
-  };
-  const double e2 = col ? exact_error(Ch.transpose()) : exact_error(Ch);
-  fit.residual2 = std::max(0.0, e2);
-  fit.S = std::move(S);
-  times.error += clock.lap();
-  return fit;
+  require_representable<Scalar>(f.out.B, "basis", p.name);
+  f.times.round += f.clock.lap();
+  delta_grams(f);
+  fit_coefficients(f, refit);
+  f.times.fit += f.clock.lap();
+  // Stage 5: Ĉ = round(C), in the stored orientation.
+  if (f.col) f.buf.Ct = f.buf.C.transpose();
+  f.out.C = round_matrix<Scalar>(f.col ? f.buf.Ct : f.buf.C);
+  require_representable<Scalar>(f.out.C, "coefficient matrix", p.name);
+  f.times.round += f.clock.lap();
+  Eigen::MatrixXd& Ch = f.buf.Ch;
+  Ch.resize(f.out.C.rows(), f.out.C.cols());
+  kernel::widen_into(f.out.C.data(), f.out.C.size(), Ch.data());
+  f.out.residual2 = std::max(0.0, f.col ? exact_error(f, Ch.transpose()) : exact_error(f, Ch));
+  f.out.S = std::move(S);
+  f.times.error += f.clock.lap();
+  return std::move(f.out);
 }
 
 /// The same for a dense W (W in row form; B and C stored as `side` holds them): B = W_S exactly,
@@ -374,3 +405,11 @@ BasisFit<Scalar> fit_basis_dense(const Eigen::MatrixXd& W, const FactoredProduct
 }
 
 }  // namespace bd::detail
+
+namespace bd {
+
+/// Entries of B along n formed, rounded and differenced together when B is formed in float
+/// (half and bfloat16 storage): results do not depend on it, timings do.
+inline constexpr Index basis_block = detail::basis_block;
+
+}  // namespace bd

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -25,7 +26,7 @@
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/coefficient_fit.hpp"
 #include "bd/core/decomposition.hpp"
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/core/factored_product.hpp"
 #include "bd/core/options.hpp"
 #include "bd/core/parallel.hpp"
@@ -214,11 +215,6 @@ inline double screened_window_bound(const std::vector<FactoredProduct>& ps, cons
   return -1;
 }
 
-/// Auto's window outcome when the estimate alone rules it out.
-struct WindowOverBudget {
-  std::string note;
-};
-
 /// The strategy's outcome for a set of products.
 template <typename Scalar>
 struct Outcome {
@@ -228,82 +224,87 @@ struct Outcome {
   PhaseTimes times;
 };
 
+/// Auto's first choice, the best shared window (one slice of X for every head), taken when its
+/// exact error is within `opts.error_budget` × the mean rounding floor `floor`. Only the winner
+/// is fitted: a window whose ranking estimate is beyond auto_hopeless times the budget is not,
+/// and when a few products already bound every window's estimate above that, the windows are not
+/// ranked on the others at all (screened_window_bound). Returns the accepted outcome, or nothing
+/// with `note` saying why no window was taken; the phases go to `times`.
+template <typename Scalar, typename Fitter>
+std::optional<Outcome<Scalar>> shared_window_within_budget(const std::vector<FactoredProduct>& ps, const Options& opts,
+                                                           double floor, Fitter& fitter, PhaseTimes& times, std::string& note) {
+  const Index m = ps.front().m(), r = ps.front().r();
+  const double u2 = unit_roundoff<Scalar>() * unit_roundoff<Scalar>();
+  const double limit = auto_hopeless * opts.error_budget * floor;
+  Stopwatch clock;
+  Index screened = 0;
+  const double bound = screened_window_bound(ps, opts, limit / (u2 / 3), screened) * (u2 / 3);
+  times.score += clock.lap();
+  if (bound >= 0 && !(bound < std::numeric_limits<double>::infinity())) {
+    note = message("no shared window is usable (each is singular for one of the first ", screened, " screened products)");
+    return std::nullopt;
+  }
+  if (bound >= 0) {
+    note = message("every window is estimated at NMSE ≥ ", sci(bound), " = ", sci(bound / floor), "x the floor (a bound from ",
+                   screened, " of ", ps.size(), " products' exact rounding models; not fitted: over ", sci(auto_hopeless),
+                   "x the budget)");
+    return std::nullopt;
+  }
+  Outcome<Scalar> w;
+  try {  // every window singular for some product: choose_window and the fit refuse it by throwing
+    w.choice = choose_window(ps, Basis::OffsetSearch, opts);
+    times.score += clock.lap();
+    double estimate = 0;
+    for (std::size_t h = 0; h < ps.size(); ++h)
+      estimate += relative(w.choice.model[h] * u2 / 3, ps[h].norm2) / static_cast<double>(ps.size());
+    if (estimate > limit) {
+      note = message(describe(w.choice, m, r), " is estimated at NMSE ", sci(estimate), " = ", sci(estimate / floor),
+                     "x the floor (not fitted: over ", sci(auto_hopeless), "x the budget)");
+      return std::nullopt;
+    }
+    w.fits = fit_choice<Scalar>(ps, w.choice, fitter, times);
+  } catch (const SingularBasisError& e) {
+    note = message("no shared window is usable (", e.what(), ")");
+    times.score += clock.lap();
+    return std::nullopt;
+  }
+  const double nmse = mean_nmse(ps, w.fits);
+  note = message(describe(w.choice, m, r), " gives NMSE ", sci(nmse), " = ", sci(nmse / floor), "x the floor");
+  if (nmse > opts.error_budget * floor) return std::nullopt;
+  w.reason = message("auto: ", note, ", within the budget ", sci(opts.error_budget), "x the ", scalar_traits<Scalar>::name,
+                     " rounding floor ", sci(floor));
+  w.times = times;
+  return w;
+}
+
+/// Ranks, chooses and fits the basis `opts.basis` asks for. Auto tries the shared window first
+/// (shared_window_within_budget) and falls back to per-product pivoting, saying why.
 template <typename Scalar, typename Fitter>
 Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::vector<double>& floors, const Options& opts,
-                     Fitter&& fitter) {
+                             Fitter&& fitter) {
   const Index m = ps.front().m(), r = ps.front().r();
   Outcome<Scalar> out;
   Stopwatch clock;
-  if (opts.basis == Basis::Pivoted) {
-    out.choice = choose_pivoted(ps);
-  } else if (opts.basis != Basis::Auto) {
-    out.choice = choose_window(ps, opts.basis, opts);
-  }
-  out.times.score += clock.lap();
   if (opts.basis != Basis::Auto) {
+    out.choice = opts.basis == Basis::Pivoted ? choose_pivoted(ps) : choose_window(ps, opts.basis, opts);
+    out.times.score += clock.lap();
     out.fits = fit_choice<Scalar>(ps, out.choice, fitter, out.times);
     out.reason = message(to_string(opts.basis), ": ", describe(out.choice, m, r), " (", out.choice.tried,
                          " candidates ranked, ", out.choice.skipped, " singular skipped)");
     return out;
   }
-
-  // Auto: a shared window is cheapest (one slice of X for every head); accept the best one when
-  // its error is within the budget relative to rounding the dense product to Scalar. Only the
-  // winner is fitted: a window whose ranking estimate is beyond auto_hopeless times the budget
-  // goes straight to pivoting (both are scored from the same factored products), and when a few
-  // products already bound every window's estimate above that, the windows are not ranked on
-  // the others at all (screened_window_bound).
   double floor = 0;
   for (double f : floors) floor += f / static_cast<double>(floors.size());
-  const char* type = scalar_traits<Scalar>::name;
-  const std::string budget = message("budget ", sci(opts.error_budget), "x the ", type, " rounding floor ", sci(floor));
   std::string window_note;
-  try {
-    const double u2 = unit_roundoff<Scalar>() * unit_roundoff<Scalar>();
-    const double limit = auto_hopeless * opts.error_budget * floor;
-    Index screened = 0;
-    const double bound = screened_window_bound(ps, opts, limit / (u2 / 3), screened) * (u2 / 3);
-    out.times.score += clock.lap();
-    if (bound >= 0 && !(bound < std::numeric_limits<double>::infinity()))
-      throw WindowOverBudget{message("no shared window is usable (each is singular for one of the first ", screened,
-                                     " screened products)")};
-    if (bound >= 0)
-      throw WindowOverBudget{message("every window is estimated at NMSE ≥ ", sci(bound), " = ", sci(bound / floor),
-                                     "x the floor (a bound from ", screened, " of ",
-                                     ps.size(), " products' exact rounding models; not fitted: over ",
-                                     sci(auto_hopeless), "x the budget)")};
-    Outcome<Scalar> w;
-    w.choice = choose_window(ps, Basis::OffsetSearch, opts);
-    out.times.score += clock.lap();
-    double estimate = 0;
-    for (std::size_t h = 0; h < ps.size(); ++h)
-      estimate += relative(w.choice.model[h] * u2 / 3, ps[h].norm2) / static_cast<double>(ps.size());
-    if (estimate > limit)
-      throw WindowOverBudget{message(describe(w.choice, m, r), " is estimated at NMSE ", sci(estimate), " = ",
-                                     sci(estimate / floor), "x the floor (not fitted: over ", sci(auto_hopeless),
-                                     "x the budget)")};
-    w.fits = fit_choice<Scalar>(ps, w.choice, fitter, out.times);
-    const double nmse = mean_nmse(ps, w.fits);
-    window_note = message(describe(w.choice, m, r), " gives NMSE ", sci(nmse), " = ", sci(nmse / floor), "x the floor");
-    if (nmse <= opts.error_budget * floor) {
-      w.reason = message("auto: ", window_note, ", within the ", budget);
-      w.times = out.times;
-      return w;
-    }
-  } catch (const SingularBasisError& e) {
-    window_note = message("no shared window is usable (", e.what(), ")");
-    out.times.score += clock.lap();
-  } catch (const WindowOverBudget& e) {
-    window_note = e.note;
-  }
-  clock.lap();  // the window's fit is already in out.times
+  if (auto window = shared_window_within_budget<Scalar>(ps, opts, floor, fitter, out.times, window_note)) return std::move(*window);
+  clock.lap();  // the window's phases are already in out.times
   out.choice = choose_pivoted(ps);
   out.times.score += clock.lap();
   out.fits = fit_choice<Scalar>(ps, out.choice, fitter, out.times);
   const double nmse = mean_nmse(ps, out.fits);
-  out.reason = message("auto: ", window_note, ", over the ", budget, "; fell back to the per-product pivoted basis: NMSE ",
-                       sci(nmse), " = ", sci(nmse / floor), "x the floor",
-                       nmse <= opts.error_budget * floor ? "" : " (still over budget: the most accurate choice)");
+  out.reason = message("auto: ", window_note, ", over the budget ", sci(opts.error_budget), "x the ", scalar_traits<Scalar>::name,
+                       " rounding floor ", sci(floor), "; fell back to the per-product pivoted basis: NMSE ", sci(nmse), " = ",
+                       sci(nmse / floor), "x the floor", nmse <= opts.error_budget * floor ? "" : " (still over budget: the most accurate choice)");
   return out;
 }
 
@@ -346,7 +347,7 @@ std::vector<Decomposition<Scalar>> assemble_all(const std::vector<FactoredProduc
     report.windows_skipped = out.choice.skipped;
     report.reason = out.reason;
     report.truncation_nmse = truncation_nmse;
-    report.phases = out.times;
+    if (ps.size() == 1) report.phases = out.times;  // a set's time is the set's (SharedDecomposition::phases)
     heads.push_back(assemble<Scalar>(ps[h], std::move(out.fits[h]), opts.side, rows, cols, std::move(report)));
   }
   return heads;
@@ -354,6 +355,78 @@ std::vector<Decomposition<Scalar>> assemble_all(const std::vector<FactoredProduc
 
 template <typename Scalar, typename Default>
 using stored_t = std::conditional_t<std::is_void_v<Scalar>, Default, Scalar>;
+
+}  // namespace detail
+
+namespace detail {
+
+/// Stage 0 of decompose_shared: the set's factors agree in shape, are non-empty, and r is a
+/// rank BD saves something at.
+template <typename MatrixU, typename MatrixV>
+void validate_factors(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs) {
+  if (Us.empty() || Us.size() != Vs.size())
+    throw ShapeError(message("decompose_shared: got ", Us.size(), " U factors and ", Vs.size(),
+                             " V factors, expected the same positive number"));
+  const bool single = Us.size() == 1;
+  const Index m = Us.front().rows(), n = Vs.front().rows(), r = Us.front().cols();
+  for (std::size_t h = 0; h < Us.size(); ++h) {
+    const std::string u = single ? "U" : message("U[", h, "]"), v = single ? "V" : message("V[", h, "]");
+    require_nonempty(Us[h], u);
+    require_nonempty(Vs[h], v);
+    if (Us[h].rows() != m || Us[h].cols() != r || Vs[h].rows() != n || Vs[h].cols() != r)
+      throw ShapeError(message(u, " is ", shape_of(Us[h]), " and ", v, " is ", shape_of(Vs[h]), ": expected ", m, "x", r,
+                               " and ", n, "x", r, " like the first product"));
+  }
+  require_rank(r, m, n, single ? "W = U·Vᵀ" : "every W_h = U_h·V_hᵀ");
+}
+
+/// Stage 1 of decompose_shared: every product factored for ranking (`ps`) with its rounding
+/// floor in Stored (`floors`), in parallel. Each product's weights are checked for NaN/Inf just
+/// before it is factored, on the same thread: the check brings them into cache for the
+/// factorization instead of reading the whole layer from memory twice. Errors are raised after
+/// the loop, in product order, finiteness first, so the message does not depend on thread timing.
+template <typename Stored, typename MatrixU, typename MatrixV>
+void factor_all(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, const Options& opts,
+                ProductPrecision precision, std::vector<FactoredProduct>& ps, std::vector<double>& floors) {
+  const bool row = opts.side == Side::Row, single = Us.size() == 1;
+  ps = std::vector<FactoredProduct>(Us.size());
+  floors.assign(Us.size(), 0.0);
+  // V in double only where a product reads it (B for float and double storage, the Grams
+  // for double); in float where the Grams or B are formed in fp32.
+  const bool double_V = !(precision.fp32_basis && precision.fp32_grams);
+  const auto omega = sketch_matrix(row ? Us.front().rows() : Vs.front().rows(), opts);
+  std::vector<char> finite(Us.size(), 1);
+  std::vector<std::exception_ptr> failed(Us.size());
+  parallel_for(static_cast<Index>(Us.size()), [&](Index h) {
+    const auto i = static_cast<std::size_t>(h);
+    finite[i] = all_finite(Us[i]) && all_finite(Vs[i]);
+    if (!finite[i]) return;
+    try {
+      const auto& u = row ? Us[i] : Vs[i];  // the basis side (row form)
+      const auto& v = row ? Vs[i] : Us[i];
+      // A float V is read where the caller holds it (it outlives ps); other types are rounded.
+      const Eigen::MatrixXf* borrowed = nullptr;
+      Eigen::MatrixXf vf;
+      if (precision.fp32_grams) {
+        // (Both factor types float matrices, so v is one of the caller's own, not a converted copy.)
+        if constexpr (std::is_same_v<MatrixU, Eigen::MatrixXf> && std::is_same_v<MatrixV, Eigen::MatrixXf>) borrowed = &v;
+        else vf = v.template cast<float>();
+      }
+      ps[i] = factor_product(u.template cast<double>(), double_V ? Eigen::MatrixXd(v.template cast<double>()) : Eigen::MatrixXd(),
+                             std::move(vf), single ? std::string("W = U·Vᵀ") : message("head ", h), omega, borrowed);
+      floors[i] = rounding_floor<Stored>(ps[i], opts.seed + i);
+    } catch (...) {
+      failed[i] = std::current_exception();
+    }
+  });
+  for (std::size_t h = 0; h < Us.size(); ++h) {
+    if (finite[h]) continue;
+    require_finite(Us[h], single ? "U" : message("U[", h, "]"));
+    require_finite(Vs[h], single ? "V" : message("V[", h, "]"));
+  }
+  for (const auto& failure : failed)
+    if (failure) std::rethrow_exception(failure);
+}
 
 }  // namespace detail
 
@@ -367,67 +440,12 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
   using Stored = detail::stored_t<Scalar, typename MatrixU::Scalar>;
   static_assert(is_supported_scalar_v<Stored>, "bd stores double, float, Eigen::half or Eigen::bfloat16");
   detail::validate_options(opts);
-  if (Us.empty() || Us.size() != Vs.size())
-    throw ShapeError(detail::message("decompose_shared: got ", Us.size(), " U factors and ", Vs.size(),
-                                     " V factors, expected the same positive number"));
-  const bool single = Us.size() == 1;
-  auto name = [&](std::size_t h) { return single ? std::string("W = U·Vᵀ") : detail::message("head ", h); };
-  const Index m = Us.front().rows(), n = Vs.front().rows(), r = Us.front().cols();
-  for (std::size_t h = 0; h < Us.size(); ++h) {
-    const std::string u = single ? "U" : detail::message("U[", h, "]"), v = single ? "V" : detail::message("V[", h, "]");
-    detail::require_nonempty(Us[h], u);
-    detail::require_nonempty(Vs[h], v);
-    if (Us[h].rows() != m || Us[h].cols() != r || Vs[h].rows() != n || Vs[h].cols() != r)
-      throw ShapeError(detail::message(u, " is ", detail::shape_of(Us[h]), " and ", v, " is ", detail::shape_of(Vs[h]),
-                                       ": expected ", m, "x", r, " and ", n, "x", r, " like the first product"));
-  }
-  detail::require_rank(r, m, n, single ? "W = U·Vᵀ" : "every W_h = U_h·V_hᵀ");
-
-  const bool row = opts.side == Side::Row;
+  detail::validate_factors(Us, Vs);
   const detail::ProductPrecision precision = detail::product_precision<Stored>(opts.fp32_products);
   detail::Stopwatch clock;
-  std::vector<detail::FactoredProduct> ps(Us.size());
-  std::vector<double> floors(Us.size());
-  // V in double only where a product reads it (B for float and double storage, the Grams
-  // for double); in float where the Grams or B are formed in fp32.
-  const bool double_V = !(precision.fp32_basis && precision.fp32_grams);
-  const auto omega = detail::sketch_matrix(row ? m : n, opts);
-  // Each product's weights are checked for NaN/Inf just before it is factored, on the same
-  // thread: the check brings them into cache for the factorization instead of reading the whole
-  // layer from memory twice. Errors are raised after the loop, in product order, finiteness
-  // first, so the message does not depend on thread timing.
-  std::vector<char> finite(Us.size(), 1);
-  std::vector<std::exception_ptr> failed(Us.size());
-  detail::parallel_for(static_cast<Index>(Us.size()), [&](Index h) {
-    const auto i = static_cast<std::size_t>(h);
-    finite[i] = detail::all_finite(Us[i]) && detail::all_finite(Vs[i]);
-    if (!finite[i]) return;
-    try {
-      const auto& u = row ? Us[i] : Vs[i];  // the basis side (row form)
-      const auto& v = row ? Vs[i] : Us[i];
-      // A float V is read where the caller holds it (it outlives ps); other types are rounded.
-      const Eigen::MatrixXf* borrowed = nullptr;
-      Eigen::MatrixXf vf;
-      if (precision.fp32_grams) {
-        // (Both factor types float matrices, so v is one of the caller's own, not a converted copy.)
-        if constexpr (std::is_same_v<MatrixU, Eigen::MatrixXf> && std::is_same_v<MatrixV, Eigen::MatrixXf>) borrowed = &v;
-        else vf = v.template cast<float>();
-      }
-      ps[i] = detail::factor_product(u.template cast<double>(),
-                                     double_V ? Eigen::MatrixXd(v.template cast<double>()) : Eigen::MatrixXd(),
-                                     std::move(vf), name(i), omega, borrowed);
-      floors[i] = detail::rounding_floor<Stored>(ps[i], opts.seed + i);
-    } catch (...) {
-      failed[i] = std::current_exception();
-    }
-  });
-  for (std::size_t h = 0; h < Us.size(); ++h) {
-    if (finite[h]) continue;
-    detail::require_finite(Us[h], single ? "U" : detail::message("U[", h, "]"));
-    detail::require_finite(Vs[h], single ? "V" : detail::message("V[", h, "]"));
-  }
-  for (const auto& failure : failed)
-    if (failure) std::rethrow_exception(failure);
+  std::vector<detail::FactoredProduct> ps;
+  std::vector<double> floors;
+  detail::factor_all<Stored>(Us, Vs, opts, precision, ps, floors);
   const double factor_seconds = clock.lap();
   auto fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
     return detail::fit_basis<Stored>(ps[h], std::move(S), opts.refit, precision, opts.side, t);
@@ -437,8 +455,9 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
   const bool shared = out.choice.shared;
   const Basis chosen = out.choice.chosen;
   std::string reason = out.reason;
-  return SharedDecomposition<Stored>(detail::assemble_all<Stored>(ps, out, floors, opts, m, n), shared, opts.basis,
-                                     chosen, std::move(reason));
+  const PhaseTimes phases = out.times;
+  return SharedDecomposition<Stored>(detail::assemble_all<Stored>(ps, out, floors, opts, Us.front().rows(), Vs.front().rows()),
+                                     shared, opts.basis, chosen, std::move(reason), phases);
 }
 
 /// Decomposes W = U·Vᵀ (m×n, rank r = U.cols()) from its factors, never forming W: one r×r
@@ -504,5 +523,18 @@ Decomposition<detail::stored_t<Scalar, typename Derived::Scalar>> decompose(cons
   auto heads = detail::assemble_all<Stored>(ps, out, floors, opts, W.rows(), W.cols(), energy > 0 ? tail / energy : 0.0);
   return std::move(heads.front());
 }
+
+/// The ranking stage's pieces, public for those who test or extend it: a product factored for
+/// ranking, the candidate windows, a window's score and auto's screen (a lower bound on every
+/// window's mean estimate from a few products).
+namespace ranking {
+using detail::candidate_offsets;
+using detail::contiguous;
+using detail::factor_product;
+using detail::FactoredProduct;
+using detail::score_window;
+using detail::screened_window_bound;
+using detail::sketch_matrix;
+}  // namespace ranking
 
 }  // namespace bd

@@ -36,7 +36,9 @@ struct Report {
   Index windows_skipped = 0;   ///< candidates skipped as singular
   bool refitted = false;       ///< coefficients were refitted against the rounded basis
   std::string reason;          ///< what was chosen and why, in words
-  PhaseTimes phases;           ///< where preparation spent its time (of the whole call: all heads)
+  /// Where the call that made this decomposition spent its time, when it made only this one
+  /// (decompose, decompose_product); zero for the heads of a set: SharedDecomposition::phases().
+  PhaseTimes phases;
 };
 
 template <typename Scalar_>
@@ -145,9 +147,9 @@ public:
 
   SharedDecomposition() = default;
   SharedDecomposition(std::vector<Decomposition<Scalar>> heads, bool shared, Basis requested, Basis chosen,
-                      std::string reason)
+                      std::string reason, PhaseTimes phases = {})
       : heads_(std::move(heads)), shared_(shared), requested_(requested), chosen_(chosen),
-        reason_(std::move(reason)) {}
+        reason_(std::move(reason)), phases_(phases) {}
 
   const std::vector<Decomposition<Scalar>>& heads() const { return heads_; }
   const Decomposition<Scalar>& head(std::size_t h) const { return heads_.at(h); }
@@ -159,7 +161,7 @@ public:
   Basis chosen() const { return chosen_; }
   const std::string& reason() const { return reason_; }
   /// Where preparing the whole set spent its time.
-  const PhaseTimes& phases() const { return heads_.empty() ? empty_phases() : heads_.front().report().phases; }
+  const PhaseTimes& phases() const { return phases_; }
   double mean_nmse() const {
     double sum = 0;
     for (const auto& h : heads_) sum += h.report().nmse;
@@ -172,14 +174,11 @@ public:
   }
 
 private:
-  static const PhaseTimes& empty_phases() {
-    static const PhaseTimes none;
-    return none;
-  }
   std::vector<Decomposition<Scalar>> heads_;
   bool shared_ = true;
   Basis requested_ = Basis::OffsetSearch, chosen_ = Basis::OffsetSearch;
   std::string reason_;
+  PhaseTimes phases_;
 };
 
 }  // namespace bd

@@ -19,7 +19,7 @@
 #include <Eigen/Eigenvalues>
 #include <Eigen/QR>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/core/options.hpp"
 #include "bd/kernel/inverse.hpp"
 #include "bd/kernel/matmul.hpp"

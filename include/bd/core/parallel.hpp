@@ -33,6 +33,10 @@ void parallel_for(Eigen::Index count, Body&& body) {
   if (failure) std::rethrow_exception(failure);
 }
 
+}  // namespace bd::detail
+
+namespace bd {
+
 /// Threads a parallel region would use (1 without OpenMP).
 inline int max_threads() {
 #ifdef _OPENMP
@@ -42,4 +46,4 @@ inline int max_threads() {
 #endif
 }
 
-}  // namespace bd::detail
+}  // namespace bd

@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 #include <Eigen/Core>
 
+#include "bd/base/error.hpp"
 #include "bd/kernel/convert.hpp"
 
 namespace bd {
@@ -49,6 +51,56 @@ template <typename Scalar>
 inline constexpr bool is_supported_scalar_v =
     std::is_same_v<Scalar, double> || std::is_same_v<Scalar, float> ||
     std::is_same_v<Scalar, Eigen::half> || std::is_same_v<Scalar, Eigen::bfloat16>;
+
+/// A storage type chosen at run time (a command's --dtype, a checkpoint's record): one of the four
+/// scalar types above. `dispatch` turns it back into a type.
+enum class Storage { f64, f32, f16, bf16 };
+
+inline constexpr Storage all_storages[] = {Storage::f64, Storage::f32, Storage::f16, Storage::bf16};
+
+template <typename Scalar>
+constexpr Storage storage_of() {
+  static_assert(is_supported_scalar_v<Scalar>, "bd supports double, float, Eigen::half and Eigen::bfloat16");
+  if constexpr (std::is_same_v<Scalar, double>) return Storage::f64;
+  else if constexpr (std::is_same_v<Scalar, float>) return Storage::f32;
+  else if constexpr (std::is_same_v<Scalar, Eigen::half>) return Storage::f16;
+  else return Storage::bf16;
+}
+
+inline const char* to_string(Storage s) {
+  switch (s) {
+    case Storage::f64: return scalar_traits<double>::name;
+    case Storage::f32: return scalar_traits<float>::name;
+    case Storage::f16: return scalar_traits<Eigen::half>::name;
+    case Storage::bf16: return scalar_traits<Eigen::bfloat16>::name;
+  }
+  return "?";
+}
+
+/// "f64", "f32", "f16" or "bf16"; anything else throws RangeError naming the four.
+inline Storage parse_storage(const std::string& name) {
+  for (Storage s : all_storages)
+    if (name == to_string(s)) return s;
+  throw RangeError(detail::message("unknown storage type '", name, "': expected f64, f32, f16 or bf16"));
+}
+
+/// A type as a value, for generic lambdas: `dispatch(s, [&](auto t) { using S = typename decltype(t)::type; … })`.
+template <typename T>
+struct type_tag {
+  using type = T;
+};
+
+/// Calls f(type_tag<S>{}) with the scalar type S that `s` names; returns what f returns.
+template <typename F>
+decltype(auto) dispatch(Storage s, F&& f) {
+  switch (s) {
+    case Storage::f64: return f(type_tag<double>{});
+    case Storage::f32: return f(type_tag<float>{});
+    case Storage::f16: return f(type_tag<Eigen::half>{});
+    case Storage::bf16: break;
+  }
+  return f(type_tag<Eigen::bfloat16>{});
+}
 
 /// The type arithmetic on Scalar accumulates in.
 template <typename Scalar>

@@ -9,7 +9,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/core/scalar.hpp"
 
 namespace bd::detail {
@@ -83,3 +83,11 @@ inline void require_rank(Eigen::Index rank, Eigen::Index rows, Eigen::Index cols
 }
 
 }  // namespace bd::detail
+
+namespace bd {
+
+/// m.allFinite() (no NaN, no ±inf), read by exponent bits for a contiguous matrix of a bd scalar
+/// type: what every preparation checks its weights with.
+using detail::all_finite;
+
+}  // namespace bd

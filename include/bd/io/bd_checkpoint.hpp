@@ -1,4 +1,4 @@
-// bd/io/bd_checkpoint.hpp — reads what bd-convert writes (format v1, see bd/io/convert.hpp)
+// bd/io/bd_checkpoint.hpp — reads what bd-convert writes (format v1, bd/io/bd_format.hpp)
 // back into bd::nn: each attention layer as a BDAttention, or a whole LLaMA model with BD
 // attention. The checkpoint is a folder (config.json with a "bd" record, one file or shards) or
 // a single .safetensors file with the model's config.json beside it. The file's bd.format must
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bd/core/scalar.hpp"
+#include "bd/io/bd_format.hpp"
 #include "bd/io/checkpoint.hpp"
 #include "bd/io/hf_llama.hpp"
 #include "bd/io/model_folder.hpp"
@@ -20,31 +21,8 @@
 
 namespace bd::io {
 
-/// What a BD checkpoint says about itself (its safetensors metadata, bd.*).
-struct BDRecord {
-  Arch arch = Arch::LLaMA;
-  nn::Mode mode = nn::Mode::VO;
-  std::string dtype;
-
-  static BDRecord of(const ModelFolder& m) {
-    using bd::detail::message;
-    const auto& meta = m.metadata();
-    auto get = [&](const char* key) {
-      const auto it = meta.find(key);
-      if (it == meta.end())
-        throw FormatError(message(m.dir(), ": metadata lacks '", key,
-                                  "': not a BD checkpoint (bd-convert writes bd.format, bd.arch, bd.mode, bd.dtype)"));
-      return it->second;
-    };
-    if (get("bd.format") != "1")
-      throw FormatError(message(m.dir(), ": bd.format is '", get("bd.format"), "', this bd reads format 1"));
-    BDRecord r;
-    r.arch = parse_arch(get("bd.arch"));
-    r.mode = nn::parse_mode(get("bd.mode"));
-    r.dtype = get("bd.dtype");
-    return r;
-  }
-};
+/// The options a BD checkpoint was converted with, as its metadata records them (bd/io/bd_format.hpp).
+inline ConvertOptions recorded_options(const ModelFolder& m) { return format::options_from(m.metadata(), m.dir()); }
 
 namespace detail {
 
@@ -79,16 +57,18 @@ nn::BDAttention<S> read_bd_layer(const ModelFolder& m, const AttentionLayout& a,
   const Eigen::Index n = a.config.n_q, dh = a.config.head_dim, dv = a.config.value_dim();
   nn::BDWeights<S> w;
   if (nn::has_qk(mode)) {
-    w.qk_basis = stored<S>(m, P + ".bd_qk.basis", a.d_q, n * dh);
-    w.qk_coeff = stored<S>(m, P + ".bd_qk.coeff", a.d_kv - dh, n * dh);
-    w.qk_indices = stored_indices(m, P + ".bd_qk.indices", n, dh, a.d_kv);
-    if (m.contains(P + ".bd_qk.bias")) w.qk_bias = stored<S>(m, P + ".bd_qk.bias", n * dh, 1);
+    const format::TensorNames t = format::tensor_names(P, format::Family::QK);
+    w.qk_basis = stored<S>(m, t.basis, a.d_q, n * dh);
+    w.qk_coeff = stored<S>(m, t.coeff, a.d_kv - dh, n * dh);
+    w.qk_indices = stored_indices(m, t.indices, n, dh, a.d_kv);
+    if (m.contains(t.bias)) w.qk_bias = stored<S>(m, t.bias, n * dh, 1);
   }
   if (nn::has_vo(mode)) {
-    w.vo_coeff = stored<S>(m, P + ".bd_vo.coeff", a.d_kv - dv, n * dv);
-    w.vo_basis = stored<S>(m, P + ".bd_vo.basis", n * dv, a.d_out);
-    w.vo_indices = stored_indices(m, P + ".bd_vo.indices", n, dv, a.d_kv);
-    if (m.contains(P + ".bd_vo.bias")) w.vo_bias = stored<S>(m, P + ".bd_vo.bias", a.d_out, 1);
+    const format::TensorNames t = format::tensor_names(P, format::Family::VO);
+    w.vo_coeff = stored<S>(m, t.coeff, a.d_kv - dv, n * dv);
+    w.vo_basis = stored<S>(m, t.basis, n * dv, a.d_out);
+    w.vo_indices = stored_indices(m, t.indices, n, dv, a.d_kv);
+    if (m.contains(t.bias)) w.vo_bias = stored<S>(m, t.bias, a.d_out, 1);
   }
   return nn::BDAttention<S>::assemble(a.config, mode, a.load().template cast<S>(), std::move(w));
 }
@@ -99,7 +79,7 @@ nn::BDAttention<S> read_bd_layer(const ModelFolder& m, const AttentionLayout& a,
 template <typename S = float>
 std::vector<nn::BDAttention<S>> load_bd_attention(const std::string& path) {
   const ModelFolder m = ModelFolder::open(path);
-  const BDRecord r = BDRecord::of(m);
+  const ConvertOptions r = recorded_options(m);
   std::vector<nn::BDAttention<S>> out;
   for (const AttentionLayout& a : attention_layers(r.arch, m, r.mode)) out.push_back(detail::read_bd_layer<S>(m, a, r.mode));
   return out;
@@ -109,7 +89,7 @@ std::vector<nn::BDAttention<S>> load_bd_attention(const std::string& path) {
 template <typename S = float>
 nn::LlamaModel<S, nn::BDAttention<S>> load_bd_llama(const std::string& path) {
   const ModelFolder m = ModelFolder::open(path);
-  const BDRecord r = BDRecord::of(m);
+  const ConvertOptions r = recorded_options(m);
   if (r.arch != Arch::LLaMA)
     throw FormatError(bd::detail::message(m.dir(), ": bd.arch is ", to_string(r.arch), ", expected llama"));
   const std::vector<AttentionLayout> layouts = attention_layers(Arch::LLaMA, m, r.mode);
@@ -120,7 +100,7 @@ nn::LlamaModel<S, nn::BDAttention<S>> load_bd_llama(const std::string& path) {
 /// Whether `path` holds a BD checkpoint (its metadata has bd.format).
 inline bool is_bd_checkpoint(const std::string& path) {
   const ModelFolder m = ModelFolder::open(path);
-  return m.metadata().count("bd.format") != 0;
+  return format::has_record(m.metadata());
 }
 
 }  // namespace bd::io

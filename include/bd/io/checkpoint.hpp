@@ -25,7 +25,9 @@
 #include <Eigen/Core>
 #include <nlohmann/json.hpp>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
+#include "bd/io/arch.hpp"
+#include "bd/io/bd_format.hpp"
 #include "bd/io/model_config.hpp"
 #include "bd/io/model_folder.hpp"
 #include "bd/nn/attention_config.hpp"
@@ -33,24 +35,6 @@
 #include "bd/nn/multi_head_attention.hpp"
 
 namespace bd::io {
-
-enum class Arch { GPT2, BERT, LLaMA, DeepSeekV2 };
-
-inline const char* to_string(Arch a) {
-  switch (a) {
-    case Arch::GPT2: return "gpt2";
-    case Arch::BERT: return "bert";
-    case Arch::LLaMA: return "llama";
-    case Arch::DeepSeekV2: return "deepseek-v2";
-  }
-  return "?";
-}
-
-inline Arch parse_arch(const std::string& s) {
-  for (Arch a : {Arch::GPT2, Arch::BERT, Arch::LLaMA, Arch::DeepSeekV2})
-    if (s == to_string(a)) return a;
-  throw RangeError("unknown architecture '" + s + "': expected gpt2, bert, llama or deepseek-v2");
-}
 
 /// A part of a source tensor that stays dense under a new name: the given rows (axis 0) or
 /// columns (axis 1) of the stored tensor, in its stored dtype and orientation.
@@ -150,7 +134,7 @@ inline std::vector<AttentionLayout> gpt2_layers(const ModelFolder& m, std::optio
   const Eigen::Index d = config_int(j, {"n_embd", "hidden_size"}, where);
   const Eigen::Index heads = config_int(j, {"n_head", "num_attention_heads"}, where);
   const Eigen::Index layers = config_int(j, {"n_layer", "num_hidden_layers"}, where);
-  const std::string pre = find_prefix(m, converted ? std::string("h.0.attn.") + (nn::has_qk(*converted) ? "bd_qk" : "bd_vo") + ".coeff"
+  const std::string pre = find_prefix(m, converted ? format::marker("h.0.attn", *converted)
                                                   : std::string("h.0.attn.c_attn.weight"),
                                       "gpt2");
   std::vector<AttentionLayout> out;
@@ -262,7 +246,7 @@ inline std::vector<AttentionLayout> bert_layers(const ModelFolder& m, std::optio
   const Eigen::Index heads = config_int(j, {"num_attention_heads"}, where);
   const Eigen::Index layers = config_int(j, {"num_hidden_layers"}, where);
   const std::string pre =
-      find_prefix(m, converted && nn::has_qk(*converted) ? "encoder.layer.0.attention.bd_qk.coeff" : "encoder.layer.0.attention.self.query.weight",
+      find_prefix(m, converted && nn::has_qk(*converted) ? format::marker("encoder.layer.0.attention", *converted) : "encoder.layer.0.attention.self.query.weight",
                   "bert");
   std::vector<AttentionLayout> out;
   for (Eigen::Index l = 0; l < layers; ++l) {

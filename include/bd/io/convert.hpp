@@ -1,19 +1,9 @@
 // bd/io/convert.hpp — converts a checkpoint's attention layers to BD form (bd-convert's core).
 //
-// Output format, version "1" (x·W orientation, [in, out]; n_q query heads, d_h head size):
-//   P.bd_qk.basis    [d_q_in, n_q·d_h]          replaces the query projection
-//   P.bd_qk.coeff    [d_k_in − d_h, n_q·d_h]    replaces the key projection
-//   P.bd_qk.indices  I32 [n_q, d_h]             key-input channels of each head's basis, ascending
-//   P.bd_qk.bias     [n_q·d_h]                  when the model has a query bias (β = bq·Wk[S]ᵀ)
-//   P.bd_vo.coeff    [d_v_in − d_h, n_q·d_h]    replaces the value projection
-//   P.bd_vo.basis    [n_q·d_h, d_out]           replaces the output projection
-//   P.bd_vo.indices  I32 [n_q, d_h]
-//   P.bd_vo.bias     [d_out]                    when the model has an output or value bias
-//   K'_h = X[:, indices[h]] + X[:, other channels, ascending]·coeff[:, h·d_h:(h+1)·d_h]  (V' alike)
-//   Q' = X·bd_qk.basis + bd_qk.bias;  y = [O'_1 … O'_n]·bd_vo.basis + bd_vo.bias;  softmax scale unchanged.
-// Tensors these replace are removed; every other tensor is copied unchanged. A kept part of an
-// FP8 tensor (the RoPE rows of a quantized query projection) is written dequantized, in the
-// BD tensors' dtype; the block scales of consumed tensors go with them.
+// What it writes is format v1 (bd/io/bd_format.hpp): the BD tensors replace the ones they are
+// computed from; every other tensor is copied unchanged. A kept part of an FP8 tensor (the RoPE
+// rows of a quantized query projection) is written dequantized, in the BD tensors' dtype; the
+// block scales of consumed tensors go with them.
 //
 // Streaming: the plan (every output tensor's name, dtype and shape) comes from config.json and
 // the input headers, so each output file's header is written first and its data after, in
@@ -44,41 +34,49 @@
 #include <nlohmann/json.hpp>
 
 #include "bd/core/scalar.hpp"
+#include "bd/io/bd_format.hpp"
 #include "bd/io/checkpoint.hpp"
 #include "bd/io/model_folder.hpp"
+#include "bd/io/atomic_file.hpp"
 #include "bd/io/safetensors.hpp"
+#include "bd/io/safetensors_writer.hpp"
 #include "bd/nn/bd_attention.hpp"
 #include "bd/nn/latent_permutation.hpp"
 
 namespace bd::io {
 
-struct ConvertOptions {
-  Arch arch = Arch::LLaMA;
-  nn::Mode mode = nn::Mode::VO;
-  std::string dtype = "f32";  ///< f32, f16 or bf16: the type of the written BD tensors
-  bd::Options decomposition{};
-  bool force = false;  ///< accept QK under RoPE and modes the cost model advises against
-  /// deepseek-v2, mode qkvo: reorder each layer's latent channels so the QK window is last
-  /// (nn/latent_permutation.hpp; K' is then one GEMM call on a GPU). kv_a_proj_with_mqa's latent
-  /// rows and kv_a_layernorm are written reordered; shared-window bases only (not pivoted).
-  bool latent_window_last = false;
-};
-
-struct ProductSummary {
-  bool converted = false;
-  std::string window;  ///< "rows 56..63" for a shared window, "per-head pivoted" otherwise
-  double nmse = 0;     ///< mean over heads
-  bd::PhaseTimes phases;  ///< preparation's time per phase
-};
-
+/// One converted layer: its two products as BDAttention reports them, and what it cost.
 struct LayerReport {
   std::string prefix;
-  ProductSummary qk, vo;
+  nn::ProductReport qk, vo;  ///< `decomposed` false for a family the mode leaves dense
   std::int64_t params_before = 0, params_after = 0;
   double seconds = 0;                                 ///< read, prepare and write this layer
   std::uint64_t bytes_read = 0, bytes_written = 0;   ///< its consumed tensors, its BD tensors and kept parts
   std::vector<std::string> warnings;
 };
+
+template <typename Json>
+void to_json(Json& j, const LayerReport& l) {
+  j = Json::object();
+  j["prefix"] = l.prefix;
+  for (const auto& [key, p] : {std::pair<const char*, const nn::ProductReport&>{"qk", l.qk}, {"vo", l.vo}})
+    if (p.decomposed)
+      j[key] = {{"window", p.window},
+                {"nmse", p.mean_nmse},
+                {"max_nmse", p.max_nmse},
+                {"phases_s",
+                 {{"factor", p.phases.factor},
+                  {"score", p.phases.score},
+                  {"fit", p.phases.fit},
+                  {"round", p.phases.round},
+                  {"error", p.phases.error}}}};
+  j["params_before"] = l.params_before;
+  j["params_after"] = l.params_after;
+  j["seconds"] = l.seconds;
+  j["bytes_read"] = l.bytes_read;
+  j["bytes_written"] = l.bytes_written;
+  j["warnings"] = l.warnings;
+}
 
 /// What bd-convert reports as it goes: a layer done, or an input file's unconverted tensors copied.
 struct ConvertProgress {
@@ -98,14 +96,7 @@ struct ConvertReport {
   double seconds = 0;
 
   nlohmann::ordered_json to_json() const {
-    nlohmann::ordered_json j;
-    j["arch"] = to_string(options.arch);
-    j["mode"] = nn::to_string(options.mode);
-    j["dtype"] = options.dtype;
-    j["basis"] = bd::to_string(options.decomposition.basis);
-    j["align"] = options.decomposition.align;
-    j["force"] = options.force;
-    j["latent_window_last"] = options.latent_window_last;
+    nlohmann::ordered_json j = options;
     j["tensors_in"] = tensors_in;
     j["tensors_out"] = tensors_out;
     j["files_in"] = files_in;
@@ -114,27 +105,8 @@ struct ConvertReport {
     j["bytes_out"] = bytes_out;
     j["seconds"] = seconds;
     std::int64_t before = 0, after = 0;
-    auto& layers_json = j["layers"] = nlohmann::ordered_json::array();
+    j["layers"] = layers;
     for (const auto& l : layers) {
-      nlohmann::ordered_json x;
-      x["prefix"] = l.prefix;
-      for (const auto& [key, p] : {std::pair<const char*, const ProductSummary&>{"qk", l.qk}, {"vo", l.vo}})
-        if (p.converted)
-          x[key] = {{"window", p.window},
-                    {"nmse", p.nmse},
-                    {"phases_s",
-                     {{"factor", p.phases.factor},
-                      {"score", p.phases.score},
-                      {"fit", p.phases.fit},
-                      {"round", p.phases.round},
-                      {"error", p.phases.error}}}};
-      x["params_before"] = l.params_before;
-      x["params_after"] = l.params_after;
-      x["seconds"] = l.seconds;
-      x["bytes_read"] = l.bytes_read;
-      x["bytes_written"] = l.bytes_written;
-      x["warnings"] = l.warnings;
-      layers_json.push_back(x);
       before += l.params_before;
       after += l.params_after;
     }
@@ -149,11 +121,9 @@ struct ConvertReport {
 
 namespace detail {
 
-inline DType output_dtype(const std::string& dtype) {
-  if (dtype == "f32") return DType::F32;
-  if (dtype == "f16") return DType::F16;
-  if (dtype == "bf16") return DType::BF16;
-  throw RangeError("unknown dtype '" + dtype + "': expected f32, f16 or bf16");
+/// The file dtype of a storage type.
+inline DType dtype_of(Storage s) {
+  return dispatch(s, [](auto t) { return io::dtype_of<typename decltype(t)::type>(); });
 }
 
 template <typename S>
@@ -176,15 +146,16 @@ inline bool quantized(DType t) { return t == DType::F8_E4M3 || t == DType::F8_E5
 
 /// The kept part's bytes: the stored bytes of its rows or columns, or — from an FP8 source —
 /// the dequantized values in `out` (the BD tensors' dtype).
-inline std::vector<unsigned char> kept_bytes(const ModelFolder& m, const KeptPart& k, DType out) {
+inline std::vector<unsigned char> kept_bytes(const ModelFolder& m, const KeptPart& k, Storage out) {
   const TensorInfo& t = m.info(k.source);
   const auto [rows, cols] = t.matrix_shape();
   if (quantized(t.dtype)) {
     const Eigen::MatrixXd w = m.matrix(k.source, rows, cols);
     const Eigen::MatrixXd part = k.axis == 0 ? Eigen::MatrixXd(w(k.indices, Eigen::all)) : Eigen::MatrixXd(w(Eigen::all, k.indices));
-    if (out == DType::F16) return raw<Eigen::half>(round_matrix<Eigen::half>(part));
-    if (out == DType::BF16) return raw<Eigen::bfloat16>(round_matrix<Eigen::bfloat16>(part));
-    return raw<float>(round_matrix<float>(part));
+    return dispatch(out, [&](auto t) {
+      using S = typename decltype(t)::type;
+      return raw<S>(round_matrix<S>(part));
+    });
   }
   const std::size_t size = dtype_size(t.dtype);
   const unsigned char* src = m.file_of(k.source).bytes(k.source);
@@ -199,11 +170,6 @@ inline std::vector<unsigned char> kept_bytes(const ModelFolder& m, const KeptPar
                      src + static_cast<std::size_t>(r * cols + c + 1) * size);
   }
   return bytes;
-}
-
-inline std::string window_of(const nn::HeadIndices& idx) {
-  if (idx.shared) return message("rows ", idx.offset, "..", idx.offset + idx.head_dim - 1);
-  return "per-head pivoted";
 }
 
 inline std::vector<std::int32_t> indices_i32(const nn::HeadIndices& idx) {
@@ -222,21 +188,23 @@ struct LayerPlan {
 
 inline LayerPlan plan_layer(const ModelFolder& m, const AttentionLayout& a, const ConvertOptions& opts) {
   LayerPlan p;
-  const DType dt = output_dtype(opts.dtype);
+  const DType dt = dtype_of(opts.storage);
   const bool qk = nn::has_qk(opts.mode), vo = nn::has_vo(opts.mode);
   const std::int64_t n = a.config.n_q, dh = a.config.head_dim, dv = a.config.value_dim();
   const std::string& P = a.prefix;
-  if (qk) {
-    p.specs.push_back({P + ".bd_qk.basis", dt, {a.d_q, n * dh}});
-    p.specs.push_back({P + ".bd_qk.coeff", dt, {a.d_kv - dh, n * dh}});
-    p.specs.push_back({P + ".bd_qk.indices", DType::I32, {n, dh}});
-    if (a.query_bias) p.specs.push_back({P + ".bd_qk.bias", dt, {n * dh}});
+  if (qk) {  // in the order convert_layer writes them
+    const format::TensorNames t = format::tensor_names(P, format::Family::QK);
+    p.specs.push_back({t.basis, dt, {a.d_q, n * dh}});
+    p.specs.push_back({t.coeff, dt, {a.d_kv - dh, n * dh}});
+    p.specs.push_back({t.indices, DType::I32, {n, dh}});
+    if (a.query_bias) p.specs.push_back({t.bias, dt, {n * dh}});
   }
   if (vo) {
-    p.specs.push_back({P + ".bd_vo.coeff", dt, {a.d_kv - dv, n * dv}});
-    p.specs.push_back({P + ".bd_vo.basis", dt, {n * dv, a.d_out}});
-    p.specs.push_back({P + ".bd_vo.indices", DType::I32, {n, dv}});
-    if (a.value_or_output_bias) p.specs.push_back({P + ".bd_vo.bias", dt, {a.d_out}});
+    const format::TensorNames t = format::tensor_names(P, format::Family::VO);
+    p.specs.push_back({t.coeff, dt, {a.d_kv - dv, n * dv}});
+    p.specs.push_back({t.basis, dt, {n * dv, a.d_out}});
+    p.specs.push_back({t.indices, DType::I32, {n, dv}});
+    if (a.value_or_output_bias) p.specs.push_back({t.bias, dt, {a.d_out}});
   }
   if (qk) p.kept.insert(p.kept.end(), a.keep_with_qk.begin(), a.keep_with_qk.end());
   if (qk && !vo) p.kept.insert(p.kept.end(), a.keep_without_vo.begin(), a.keep_without_vo.end());
@@ -279,8 +247,8 @@ std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, cons
     }
   }
   report.warnings = bda.warnings();
-  if (nn::has_qk(opts.mode)) report.qk = {true, window_of(bda.qk_indices()), bda.qk_report().mean_nmse, bda.qk_report().phases};
-  if (nn::has_vo(opts.mode)) report.vo = {true, window_of(bda.vo_indices()), bda.vo_report().mean_nmse, bda.vo_report().phases};
+  report.qk = bda.qk_report();
+  report.vo = bda.vo_report();
   std::vector<Eigen::Index> order;  // the latent's new channel order, when reordered
   if (opts.latent_window_last) {
     try {
@@ -290,8 +258,8 @@ std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, cons
     } catch (const Error& e) {
       throw RefusedError(message(layout.prefix, ": ", e.what()));
     }
-    report.qk.window = window_of(bda.qk_indices()) + " (latent reordered)";
-    report.vo.window = window_of(bda.vo_indices()) + " (latent reordered)";
+    report.qk.window = bda.qk_indices().describe() + " (latent reordered)";
+    report.vo.window = bda.vo_indices().describe() + " (latent reordered)";
   }
   auto add = [&](const auto& matrix) {
     out.push_back(raw<S>(matrix));
@@ -323,7 +291,7 @@ std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, cons
       const std::vector<Eigen::Index> whole = k.indices;
       for (std::size_t j = 0; j < order.size(); ++j) k.indices[j] = whole[std::size_t(order[j])];
     }
-    out.push_back(kept_bytes(m, k, output_dtype(opts.dtype)));
+    out.push_back(kept_bytes(m, k, opts.storage));
     report.params_after += static_cast<std::int64_t>(out.back().size() / dtype_size(plan.specs[out.size() - 1].dtype));
   }
   return out;
@@ -332,40 +300,6 @@ std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, cons
 inline bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-
-/// A temporary folder beside `path`, removed with its contents unless renamed onto `path`.
-class TempFolder {
-public:
-  explicit TempFolder(const std::string& path) : path_(path) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    if (fs::exists(path, ec))
-      throw IoError(message(path, ": already exists; bd-convert does not overwrite a folder (remove it or choose another name)"));
-    std::string tmpl = path + ".tmp.XXXXXX";
-    std::vector<char> name(tmpl.begin(), tmpl.end());
-    name.push_back('\0');
-    if (!::mkdtemp(name.data())) throw IoError(message(path, ": cannot create a temporary folder beside it: ", std::strerror(errno)));
-    tmp_ = name.data();
-  }
-  TempFolder(const TempFolder&) = delete;
-  TempFolder& operator=(const TempFolder&) = delete;
-  ~TempFolder() {
-    if (committed_) return;
-    std::error_code ec;
-    std::filesystem::remove_all(tmp_, ec);
-  }
-  std::string file(const std::string& name) const { return tmp_ + "/" + name; }
-  void commit() {
-    ::chmod(tmp_.c_str(), 0755);
-    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
-      throw IoError(message(path_, ": renaming the temporary folder onto it failed: ", std::strerror(errno)));
-    committed_ = true;
-  }
-
-private:
-  std::string path_, tmp_;
-  bool committed_ = false;
-};
 
 }  // namespace detail
 
@@ -376,7 +310,6 @@ inline ConvertReport convert_checkpoint(const std::string& input_dir, const std:
                                         const std::function<void(const ConvertProgress&)>& progress = {}) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
-  const DType dt = detail::output_dtype(opts.dtype);
   const ModelFolder m = ModelFolder::open(input_dir);
   const std::vector<AttentionLayout> layouts = attention_layers(opts.arch, m);
   const bool folder_out = !detail::ends_with(output, ".safetensors");
@@ -401,14 +334,7 @@ inline ConvertReport convert_checkpoint(const std::string& input_dir, const std:
   report.files_in = m.shards().size();
   report.files_out = files;
   std::map<std::string, std::string> metadata = m.metadata();
-  metadata["bd.format"] = "1";
-  metadata["bd.arch"] = to_string(opts.arch);
-  metadata["bd.mode"] = nn::to_string(opts.mode);
-  metadata["bd.dtype"] = opts.dtype;
-  metadata["bd.basis"] = bd::to_string(opts.decomposition.basis);
-  metadata["bd.align"] = std::to_string(opts.decomposition.align);
-  metadata["bd.force"] = opts.force ? "true" : "false";
-  if (opts.latent_window_last) metadata["bd.latent_order"] = "qk-window-last";
+  for (const auto& [key, value] : format::metadata(opts)) metadata[key] = value;
 
   std::optional<detail::TempFolder> folder;
   if (folder_out) folder.emplace(output);
@@ -449,10 +375,9 @@ inline ConvertReport convert_checkpoint(const std::string& input_dir, const std:
       const detail::LayerPlan& plan = plans[l];
       LayerReport lr;
       lr.prefix = layout.prefix;
-      std::vector<std::vector<unsigned char>> bytes =
-          dt == DType::F32   ? detail::convert_layer<float>(m, layout, plan, opts, lr)
-          : dt == DType::F16 ? detail::convert_layer<Eigen::half>(m, layout, plan, opts, lr)
-                             : detail::convert_layer<Eigen::bfloat16>(m, layout, plan, opts, lr);
+      std::vector<std::vector<unsigned char>> bytes = dispatch(opts.storage, [&](auto t) {
+        return detail::convert_layer<typename decltype(t)::type>(m, layout, plan, opts, lr);
+      });
       for (const std::string& name : plan.consumed) {
         const TensorInfo& t = m.info(name);
         if (!detail::ends_with(name, "_scale_inv")) lr.params_before += static_cast<std::int64_t>(t.numel);
@@ -477,18 +402,12 @@ inline ConvertReport convert_checkpoint(const std::string& input_dir, const std:
 
   if (folder_out) {
     nlohmann::ordered_json index;
-    index["metadata"] = {{"total_size", report.bytes_out}, {"bd.format", "1"}};
+    index["metadata"] = {{"total_size", report.bytes_out}, {format::version_key, format::version}};
     index["weight_map"] = weight_map;
     write_file_atomically(folder->file(ModelFolder::index_file), index.dump(2) + "\n");
     nlohmann::ordered_json config = nlohmann::ordered_json::parse(m.config().dump());
-    config["bd"] = {{"format", "1"},
-                    {"arch", to_string(opts.arch)},
-                    {"mode", nn::to_string(opts.mode)},
-                    {"dtype", opts.dtype},
-                    {"basis", bd::to_string(opts.decomposition.basis)},
-                    {"align", opts.decomposition.align},
-                    {"force", opts.force},
-                    {"latent_window_last", opts.latent_window_last}};
+    config["bd"] = opts;
+    config["bd"]["format"] = format::version;
     write_file_atomically(folder->file("config.json"), config.dump(2) + "\n");
     // The folder's other files (tokenizer, generation config, …) unchanged.
     std::set<std::string> written{"config.json", ModelFolder::index_file};

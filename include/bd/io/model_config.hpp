@@ -26,7 +26,7 @@
 #include <Eigen/Core>
 #include <nlohmann/json.hpp>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/io/model_folder.hpp"
 #include "bd/nn/llama.hpp"
 #include "bd/nn/rope.hpp"

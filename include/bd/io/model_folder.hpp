@@ -28,7 +28,7 @@
 #include <Eigen/Core>
 #include <nlohmann/json.hpp>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/core/validate.hpp"
 #include "bd/io/safetensors.hpp"
 

@@ -111,12 +111,23 @@ void round_portable(const In* in, Index n, Scalar* out) {
   for (Index i = 0; i < n; ++i) out[i] = round_one<Scalar>(in[i]);
 }
 
+}  // namespace detail
+
+/// The value of x in Out (exact when Out holds every Scalar value): bd's one widening. bfloat16
+/// → float is the upper half of the float's bits, written as an integer shift so that loops over
+/// it vectorise (Eigen's conversion does not); half goes through Eigen's (F16C where compiled in).
+template <typename Out, typename Scalar>
+inline Out widen_one(Scalar x) {
+  if constexpr (std::is_same_v<Scalar, Eigen::bfloat16>) return static_cast<Out>(detail::float_of(std::uint32_t(x.value) << 16));
+  else if constexpr (std::is_same_v<Scalar, Eigen::half>) return static_cast<Out>(static_cast<float>(x));
+  else return static_cast<Out>(x);
+}
+
+namespace detail {
+
 template <typename Out, typename Scalar>
 void widen_portable(const Scalar* in, Index n, Out* out) {
-  for (Index i = 0; i < n; ++i) {
-    if constexpr (is_narrow_v<Scalar>) out[i] = static_cast<Out>(static_cast<float>(in[i]));
-    else out[i] = static_cast<Out>(in[i]);
-  }
+  for (Index i = 0; i < n; ++i) out[i] = widen_one<Out>(in[i]);
 }
 
 #ifdef BD_KERNEL_X86

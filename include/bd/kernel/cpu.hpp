@@ -20,7 +20,7 @@
 #include <cstring>
 #include <string>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) && !defined(BD_NO_DISPATCH)
 #define BD_KERNEL_X86 1

@@ -357,7 +357,9 @@ void flash_attention_finish(const AttentionArguments<T>& a) {
 template <typename T>
 void flash_attention(const AttentionArguments<T>& a, int threads = 0) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "flash_attention: float or double");
-  eigen_assert(a.k_len > 0 && a.n_q % a.n_k == 0 && a.n_q % a.n_v == 0 && "flash_attention: arguments");
+  if (a.k_len <= 0 || a.n_k <= 0 || a.n_v <= 0 || a.n_q % a.n_k != 0 || a.n_q % a.n_v != 0)
+    throw ShapeError(bd::detail::message("flash_attention: ", a.k_len, " keys, ", a.n_q, " query heads on ", a.n_k, " key and ",
+                                         a.n_v, " value heads; expected at least one key and query heads a multiple of each"));
   if (a.q_len == 0) return;
 #ifdef _OPENMP
   if (threads <= 0) threads = omp_in_parallel() ? 1 : omp_get_max_threads();

@@ -36,12 +36,14 @@ void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int
 }  // namespace detail
 
 /// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours
-/// OMP_NUM_THREADS; 1 inside a parallel region) with the kernels of active_isa(). Preconditions (asserted where cheap): pointers and leading dimensions cover every
+/// OMP_NUM_THREADS; 1 inside a parallel region) with the kernels of active_isa(). Preconditions (checked where cheap; ShapeError): pointers and leading dimensions cover every
 /// index the segments, channel and column lists name. Results are bit-identical for any number
 /// of threads; different instruction sets sum in different orders (last-bit differences).
 template <typename T, typename S>
 void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 0) {
-  eigen_assert(a.rows >= 0 && (a.x_row_major || a.ldx >= a.rows) && a.ldo >= a.rows && "bd::kernel::gemm: leading dimensions");
+  if (a.rows < 0 || (!a.x_row_major && a.ldx < a.rows) || a.ldo < a.rows)
+    throw ShapeError(bd::detail::message("bd::kernel::gemm: ", a.rows, " rows with leading dimensions ldx = ", a.ldx, " and ldo = ",
+                                         a.ldo, "; expected rows ≥ 0, ldo ≥ rows and (column-major x) ldx ≥ rows"));
   Index total = 0;
   for (const auto& seg : a.segments) total += seg.width;
   if (a.rows == 0 || total == 0) return;

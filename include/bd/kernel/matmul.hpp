@@ -99,8 +99,10 @@ void matmul_or_add(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase
                 "matmul: one scalar type");
   static_assert(!DerivedOut::IsRowMajor && directly_readable_v<DerivedOut>,
                 "matmul: the output is a column-major matrix, block or Ref");
-  eigen_assert(a.cols() == b.rows() && out.rows() == a.rows() && out.cols() == b.cols() && "matmul: shapes disagree");
-  eigen_assert(out.innerStride() == 1);
+  if (a.cols() != b.rows() || out.rows() != a.rows() || out.cols() != b.cols())
+    throw ShapeError(bd::detail::message("matmul: a is ", a.rows(), "x", a.cols(), ", b is ", b.rows(), "x", b.cols(), " and out is ",
+                                         out.rows(), "x", out.cols(), "; expected a.cols() == b.rows() and out a.rows() x b.cols()"));
+  if (out.innerStride() != 1) throw ShapeError("matmul: the output's inner stride must be 1 (contiguous columns)");
   if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= skinny_rows) {
     if (accumulate) out.derived().noalias() += a * b;
     else out.derived().noalias() = a * b;
@@ -138,7 +140,9 @@ void matmul_triangular_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::M
                             Eigen::MatrixBase<DerivedOut>& out) {
   static_assert(Mode == Eigen::Upper || Mode == Eigen::Lower, "matmul_triangular_into: Upper or Lower");
   const Index n = t.cols();
-  eigen_assert(t.rows() == n && a.cols() == n && out.rows() == a.rows() && out.cols() == n);
+  if (t.rows() != n || a.cols() != n || out.rows() != a.rows() || out.cols() != n)
+    throw ShapeError(bd::detail::message("matmul_triangular_into: a is ", a.rows(), "x", a.cols(), ", t is ", t.rows(), "x", n,
+                                         " and out is ", out.rows(), "x", out.cols(), "; expected t square, a.cols() == t.rows() and out a.rows() x t.cols()"));
   const Index width = (n + 3) / 4;
   for (Index c0 = 0; c0 < n; c0 += width) {
     const Index w = std::min(width, n - c0);
@@ -176,8 +180,10 @@ void gram_into(const Eigen::MatrixBase<Derived>& a, Eigen::MatrixBase<DerivedOut
   static_assert(std::is_same_v<T, typename DerivedOut::Scalar>, "gram: one scalar type");
   static_assert(!DerivedOut::IsRowMajor && detail::directly_readable_v<DerivedOut>,
                 "gram: the output is a column-major matrix, block or Ref");
-  eigen_assert(out.rows() == a.cols() && out.cols() == a.cols() && "gram: the output is a.cols() square");
-  eigen_assert(out.innerStride() == 1);
+  if (out.rows() != a.cols() || out.cols() != a.cols())
+    throw ShapeError(bd::detail::message("gram: a is ", a.rows(), "x", a.cols(), " and out is ", out.rows(), "x", out.cols(),
+                                         "; expected out a.cols() x a.cols()"));
+  if (out.innerStride() != 1) throw ShapeError("gram: the output's inner stride must be 1 (contiguous columns)");
   const Index n = a.cols();
   if (n * n * a.rows() < matmul_threshold || n <= detail::skinny_rows) {
     out.derived().noalias() = a.transpose() * a;

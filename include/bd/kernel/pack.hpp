@@ -22,6 +22,7 @@
 #endif
 
 #include "bd/kernel/arguments.hpp"
+#include "bd/kernel/convert.hpp"
 
 namespace bd::kernel::detail {
 
@@ -33,19 +34,13 @@ inline Index pass_depth(Index depth, Index kc) {
   return std::max<Index>(1, (depth + passes - 1) / passes);
 }
 
-/// dst[0, n) = src[0, n) converted. bfloat16 → float is the upper half of the float's bits:
-/// written as integer shifts so that the compiler vectorises it (the scalar conversion does not).
+/// dst[0, n) = src[0, n) converted (widen_one: the bfloat16 shift vectorises).
 template <typename S, typename T>
 void convert_column(const S* src, Index n, T* dst) {
   if constexpr (std::is_same_v<S, T>) {
     std::memcpy(dst, src, sizeof(T) * static_cast<std::size_t>(n));
-  } else if constexpr (std::is_same_v<S, Eigen::bfloat16> && std::is_same_v<T, float>) {
-    for (Index k = 0; k < n; ++k) {
-      const std::uint32_t bits = std::uint32_t(src[k].value) << 16;
-      std::memcpy(dst + k, &bits, sizeof(float));
-    }
   } else {
-    for (Index k = 0; k < n; ++k) dst[k] = static_cast<T>(src[k]);
+    for (Index k = 0; k < n; ++k) dst[k] = widen_one<T>(src[k]);
   }
 }
 
@@ -146,14 +141,7 @@ void pack_b(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn,
         continue;
       }
       const S* col = column(j);
-      if constexpr (std::is_same_v<S, Eigen::bfloat16> && std::is_same_v<T, float>) {
-        for (Index k = 0; k < kn; ++k) {  // see convert_column
-          const std::uint32_t bits = std::uint32_t(col[k].value) << 16;
-          std::memcpy(panel + k * NR + j, &bits, sizeof(float));
-        }
-      } else {
-        for (Index k = 0; k < kn; ++k) panel[k * NR + j] = static_cast<T>(col[k]);
-      }
+      for (Index k = 0; k < kn; ++k) panel[k * NR + j] = widen_one<T>(col[k]);
     }
   }
 }

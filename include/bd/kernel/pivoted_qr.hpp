@@ -32,7 +32,9 @@ public:
   template <typename Derived>
   ColumnPivots& compute(const Eigen::MatrixBase<Derived>& A, Index count) {
     const Index rows = A.rows(), cols = A.cols();
-    eigen_assert(count >= 0 && count <= std::min(rows, cols) && "ColumnPivots: count ≤ min(rows, cols)");
+    if (count < 0 || count > std::min(rows, cols))
+      throw RangeError(bd::detail::message("ColumnPivots: ", count, " columns asked of a ", rows, "x", cols,
+                                           " matrix; expected 0 ≤ count ≤ min(rows, cols)"));
     const Index ld = (rows + 15) / 16 * 16;  // whole vectors of any ISA, rows past `rows` zero
     if (buffer_.rows() != ld || buffer_.cols() != cols) buffer_.setZero(ld, cols);
     buffer_.topRows(rows) = A.template cast<T>();

@@ -97,3 +97,10 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads) {
 }
 
 }  // namespace bd::kernel::detail
+
+namespace bd::kernel {
+
+/// Products with at most this many rows take the skinny path (decoding: a few tokens at a time).
+inline constexpr Index skinny_rows = detail::skinny_rows;
+
+}  // namespace bd::kernel

@@ -37,7 +37,8 @@ public:
   /// Factors the square A (any expression; copied row-major into storage reused between calls).
   template <typename Derived>
   SmallLU& compute(const Eigen::MatrixBase<Derived>& A) {
-    eigen_assert(A.rows() == A.cols() && "SmallLU: a square matrix");
+    if (A.rows() != A.cols())
+      throw ShapeError(bd::detail::message("SmallLU: A is ", A.rows(), "x", A.cols(), ", expected a square matrix"));
     const Index n = A.rows();
     // Rows padded with zeros to whole vectors of any ISA, plus 16 scratch rows (lu_rows' layout).
     const Index ld = (n + 15) / 16 * 16;

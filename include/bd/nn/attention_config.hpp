@@ -17,7 +17,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/core/validate.hpp"
 #include "bd/nn/rope.hpp"

@@ -11,7 +11,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/core/validate.hpp"
 #include "bd/kernel/flash_attention.hpp"
 #include "bd/nn/rope.hpp"

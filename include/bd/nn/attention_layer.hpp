@@ -27,7 +27,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/nn/attention_backward.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"

@@ -31,7 +31,7 @@
 #include <Eigen/Core>
 
 #include "bd/core/decompose.hpp"
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/kernel/gemm.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"
@@ -67,8 +67,9 @@ struct ProductReport {
   bool shared = true;
   Index offset = 0;
   double mean_nmse = 0, max_nmse = 0;
+  std::string window;     ///< the basis channels in words (HeadIndices::describe)
   std::string reason;
-  bd::PhaseTimes phases;  ///< where preparing this family's heads spent its time
+  bd::PhaseTimes phases;  ///< where preparing this family's heads spent its time (zero when assembled)
 };
 
 /// The tensors BD stores for a layer (bd-convert's format v1, in x·W orientation): what
@@ -213,6 +214,8 @@ public:
     out.vo_idx_ = std::move(bd.vo_indices);
     out.qk_report_.decomposed = has_qk(mode);
     out.vo_report_.decomposed = has_vo(mode);
+    if (has_qk(mode)) out.qk_report_.window = out.qk_idx_.describe();
+    if (has_vo(mode)) out.vo_report_.window = out.vo_idx_.describe();
     return out;
   }
 
@@ -396,8 +399,9 @@ private:
     return O;
   }
 
-  static ProductReport summarise(const SharedDecomposition<S>& set) {
+  static ProductReport summarise(const SharedDecomposition<S>& set, const HeadIndices& indices) {
     ProductReport r;
+    r.window = indices.describe();
     r.decomposed = true;
     r.chosen = set.chosen();
     r.shared = set.shared();
@@ -420,8 +424,8 @@ private:
     }
     opts.side = bd::Side::Col;  // C on the key side: K' = z[S] + z[R]·Cᵀ
     const auto set = bd::decompose_shared<S>(Us, Vs, opts);
-    qk_report_ = summarise(set);
     qk_idx_ = HeadIndices::of(set, d_kv);
+    qk_report_ = summarise(set, qk_idx_);
     Bq_.resize(w.Wq.rows(), c.n_q * dh);
     Ck_.resize(d_kv - dh, c.n_q * dh);
     Eigen::VectorXd beta(c.n_q * dh);
@@ -448,8 +452,8 @@ private:
     }
     opts.side = bd::Side::Row;  // C on the value side: V' = z[S] + z[R]·C
     const auto set = bd::decompose_shared<S>(Us, Vs, opts);
-    vo_report_ = summarise(set);
     vo_idx_ = HeadIndices::of(set, d_kv);
+    vo_report_ = summarise(set, vo_idx_);
     Cv_.resize(d_kv - dv, c.n_q * dv);
     Bo_.resize(c.n_q * dv, w.Wo.cols());
     for (Index h = 0; h < c.n_q; ++h) {

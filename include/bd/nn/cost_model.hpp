@@ -17,7 +17,7 @@
 
 #include <string>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/nn/attention_config.hpp"
 
 namespace bd::nn {

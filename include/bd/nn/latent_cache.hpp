@@ -8,7 +8,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/nn/attention_core.hpp"
 
 namespace bd::nn {

@@ -20,7 +20,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/bd_attention.hpp"
 #include "bd/nn/multi_head_attention.hpp"

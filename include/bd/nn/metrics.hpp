@@ -6,7 +6,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 
 namespace bd::nn {
 

@@ -22,7 +22,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"

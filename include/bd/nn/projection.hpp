@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <string>
 #include <vector>
 
 #include <Eigen/Core>
@@ -78,6 +79,13 @@ struct HeadIndices {
   }
 
   Index heads() const { return static_cast<Index>(basis.size()); }
+
+  /// In words: "rows a..b" for a shared window (the input channels every head's basis takes),
+  /// "per-head pivoted" when each head has its own channels.
+  std::string describe() const {
+    if (shared) return bd::detail::message("rows ", offset, "..", offset + head_dim - 1);
+    return "per-head pivoted";
+  }
 };
 
 /// out (L × n·d) = [z[:, S_h] + z[:, R_h]·C_h]_h, fused and blocked (see the file comment).

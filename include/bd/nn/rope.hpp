@@ -30,7 +30,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 
 namespace bd::nn {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 
 namespace bd::train {
 

@@ -19,8 +19,9 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/io/safetensors.hpp"
+#include "bd/io/safetensors_writer.hpp"
 #include "bd/nn/bd_attention.hpp"
 #include "bd/nn/dense_linear.hpp"
 #include "bd/nn/multi_head_attention.hpp"

@@ -16,7 +16,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/nn/dense_linear.hpp"
 #include "bd/nn/gradients.hpp"
 

@@ -12,7 +12,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/train/parameters.hpp"
 
 namespace bd::train {

@@ -10,7 +10,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/core/error.hpp"
+#include "bd/base/error.hpp"
 #include "bd/nn/gradients.hpp"
 
 namespace bd::train {

@@ -1,15 +1,19 @@
-// Synthetic attention weights with DeepSeek-V2-Lite's exact shapes (hidden 2048, 16 heads,
+// bd/nn/synthetic_deepseek.hpp — synthetic attention weights at DeepSeek's published shapes,
+// for demonstrations and benchmarks that need a model's sizes without its checkpoint.
+//
+// DeepSeek-V2-Lite's exact shapes (hidden 2048, 16 heads,
 // kv_lora_rank 512, qk_nope_head_dim 128, v_head_dim 128, 27 layers). K and V come from the
 // 512-wide latent c, so per head QK is Wq_h (2048×128)·W_uk,hᵀ (128×512) and VO is
 // W_uv,h (512×128)·Wo_h (128×2048). Gaussian entries with the usual 1/sqrt(fan_in) scale.
 #pragma once
 
+#include <cmath>
 #include <random>
 #include <vector>
 
 #include <Eigen/Core>
 
-namespace bd_bench {
+namespace bd::synthetic {
 
 struct DeepSeekV2Lite {
   static constexpr int layers = 27, heads = 16, hidden = 2048, latent = 512, head_dim = 128;
@@ -59,4 +63,4 @@ inline AttentionLayerFactors synthetic_layer(unsigned layer) {
   return synthetic_layer_of(S::heads, S::hidden, S::hidden, S::latent, S::head_dim, 1000 + layer);
 }
 
-}  // namespace bd_bench
+}  // namespace bd::synthetic

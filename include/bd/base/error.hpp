@@ -1,4 +1,5 @@
-// bd/core/error.hpp — the exceptions bd throws at preparation time.
+// bd/base/error.hpp — the exceptions bd throws, and how their messages are built. The bottom
+// layer: kernel, core and everything above include it; it includes nothing of bd.
 //
 // Every message names the argument, what was found and what was expected, so that a person
 // can act on it without reading bd's source. All derive from bd::Error, itself a
