@@ -38,9 +38,10 @@ void prepare(benchmark::State& state, const std::vector<bd::synthetic::Attention
   for (auto _ : state) {
     nmse = 0;
     phases = {};
+    bd::Workspace ws;  // scratch reused by every layer, as bd-convert does
     for (const auto& layer : layers) {
-      const auto q = bd::decompose_shared<Scalar>(layer.q, layer.uk, qk);
-      const auto v = bd::decompose_shared<Scalar>(layer.uv, layer.o, vo);
+      const auto q = bd::decompose_shared<Scalar>(layer.q, layer.uk, qk, ws);
+      const auto v = bd::decompose_shared<Scalar>(layer.uv, layer.o, vo, ws);
       nmse += (q.mean_nmse() + v.mean_nmse()) / (2.0 * layers.size());
       phases += q.phases();
       phases += v.phases();

@@ -30,9 +30,10 @@ Row run(bd::Basis basis, const std::vector<bd::synthetic::AttentionLayerFactors>
   const bd::Options vo = bd::Options{}.with_side(bd::Side::Row).with_basis(basis);
   const auto start = std::chrono::steady_clock::now();
   int shared = 0;
+  bd::Workspace ws;  // preparation's scratch, reused by every layer
   for (const auto& layer : layers) {
-    const auto q = bd::decompose_shared<Scalar>(layer.q, layer.uk, qk);
-    const auto v = bd::decompose_shared<Scalar>(layer.uv, layer.o, vo);
+    const auto q = bd::decompose_shared<Scalar>(layer.q, layer.uk, qk, ws);
+    const auto v = bd::decompose_shared<Scalar>(layer.uv, layer.o, vo, ws);
     row.nmse_qk += q.mean_nmse() / static_cast<double>(layers.size());
     row.nmse_vo += v.mean_nmse() / static_cast<double>(layers.size());
     shared += q.shared() + v.shared();

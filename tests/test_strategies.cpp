@@ -292,3 +292,50 @@ TEST_CASE("strategy names round-trip through parse_basis", "[strategy]") {
     CHECK(bd::parse_basis(bd::to_string(b)) == b);
   CHECK(bd::parse_side("col") == Side::Col);
 }
+
+TEST_CASE("a workspace reused across calls of other shapes, storage types and strategies changes no result",
+          "[strategy][workspace]") {
+  // Buffers sized by an earlier, larger call must not leak into a later one: every result
+  // through one shared workspace is bit-identical to the same call with a fresh workspace.
+  struct Call {
+    Eigen::Index heads, m, n, r;
+    Basis basis;
+    Side side;
+  };
+  const Call calls[] = {{6, 96, 120, 16, Basis::OffsetSearch, Side::Row}, {3, 40, 70, 6, Basis::Pivoted, Side::Col},
+                        {6, 96, 120, 16, Basis::Auto, Side::Col},         {2, 30, 24, 8, Basis::First, Side::Row},
+                        {5, 64, 200, 12, Basis::Last, Side::Col}};
+  const auto run = [&](const Call& c, unsigned seed, bd::Workspace& ws, auto stored) {
+    using S = decltype(stored);
+    std::vector<Eigen::MatrixXd> Us, Vs;
+    for (Eigen::Index h = 0; h < c.heads; ++h) {
+      const auto p = random_product(c.m, c.n, c.r, seed + static_cast<unsigned>(h));
+      Us.push_back(p.U), Vs.push_back(p.V);
+    }
+    return bd::decompose_shared<S>(Us, Vs, bd::Options{}.with_basis(c.basis).with_side(c.side), ws);
+  };
+  const auto same = [](const auto& a, const auto& b) {
+    REQUIRE(a.heads().size() == b.heads().size());
+    for (std::size_t h = 0; h < a.heads().size(); ++h) {
+      const auto &x = a.heads()[h], &y = b.heads()[h];
+      CHECK(x.indices() == y.indices());
+      CHECK(x.basis() == y.basis());
+      CHECK(x.coeff() == y.coeff());
+      CHECK(x.report().nmse == y.report().nmse);
+    }
+    CHECK(a.reason() == b.reason());
+  };
+  bd::Workspace shared;
+  for (int round = 0; round < 2; ++round) {
+    unsigned seed = 10;
+    for (const Call& c : calls) {
+      INFO("round " << round << ", " << c.heads << " products " << c.m << "x" << c.n << " rank " << c.r << ", "
+                    << bd::to_string(c.basis));
+      bd::Workspace fresh_half, fresh_float;
+      same(run(c, seed, shared, Eigen::half()), run(c, seed, fresh_half, Eigen::half()));
+      same(run(c, seed, shared, float()), run(c, seed, fresh_float, float()));
+      seed += 7;
+    }
+  }
+  CHECK(shared.threads() >= 1);
+}

@@ -103,6 +103,7 @@ int demo(int layers) {
   LayerTable table(true);
   std::mt19937_64 rng(7);
   double worst = 0;
+  bd::Workspace ws;  // preparation's scratch, reused by every layer
   for (int l = 0; l < layers; ++l) {
     const auto f = bd::synthetic::synthetic_layer(static_cast<unsigned>(l));
     bd::nn::AttentionConfig c;
@@ -127,7 +128,7 @@ int demo(int layers) {
     w.Wk_rope = bd::synthetic::gaussian(S::hidden, rope, 1.0f / std::sqrt(float(S::hidden)), rng);
     const bd::nn::MultiHeadAttention<float> dense(c, w);
     const auto start = std::chrono::steady_clock::now();
-    const auto bda = bd::nn::BDAttention<Eigen::half>::prepare(dense, bd::nn::BDAttentionOptions{}.with_mode(bd::nn::Mode::QKVO));
+    const auto bda = bd::nn::BDAttention<Eigen::half>::prepare(dense, bd::nn::BDAttentionOptions{}.with_mode(bd::nn::Mode::QKVO), ws);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const Eigen::MatrixXf x = bd::synthetic::gaussian(16, S::hidden, 1.0f, rng);
     const Eigen::MatrixXf y = dense.forward(x), y_bd = bda.forward(x);

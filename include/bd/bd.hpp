@@ -9,8 +9,9 @@
 #define BD_VERSION_MINOR 1
 #define BD_VERSION_PATCH 0
 
+#include "bd/base/error.hpp"
+#include "bd/base/workspace.hpp"
 #include "bd/core/decompose.hpp"
 #include "bd/core/decomposition.hpp"
-#include "bd/base/error.hpp"
 #include "bd/core/options.hpp"
 #include "bd/core/scalar.hpp"

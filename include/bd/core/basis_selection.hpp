@@ -125,21 +125,29 @@ double sketched_model(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& Y,
   return 2 * sum / static_cast<double>(k) + D.squaredNorm();
 }
 
-inline WindowScore score_window(const FactoredProduct& p, const std::vector<Index>& S, bool exact) {
+/// A thread's scratch for scoring windows (in the preparation's Workspace): the float LU and the
+/// inverse of the exact score. This runs for every window of every product.
+struct ScoreScratch {
+  bd::kernel::SmallLU<float> lu;
+  Eigen::MatrixXf inv_t;
+};
+
+inline WindowScore score_window(const FactoredProduct& p, const std::vector<Index>& S, bool exact,
+                                Workspace& ws = default_workspace()) {
   WindowScore score;
   const Eigen::VectorXd D = p.row_norm2(S).cwiseSqrt();
   {
-    // Ranking only, to a few digits: the LU in float, on the CPU's vectors (kernel/small_lu.hpp),
-    // one factorization buffer per thread: this runs for every window of every product.
+    // Ranking only, to a few digits: the LU in float, on the CPU's vectors (kernel/small_lu.hpp).
     // Sketched: Ω_Rᵀ·C = (ΩᵀQ)·Q_S⁻¹ − Ω_Sᵀ;   E‖Ω_Rᵀ·C·D‖² = k·‖C·D‖².
-    thread_local bd::kernel::SmallLU<float> lu;
+    ScoreScratch& scratch = ws.local<ScoreScratch>();
+    bd::kernel::SmallLU<float>& lu = scratch.lu;
     const bool window = is_window(S);
     if (window) lu.compute(p.Qf.middleRows(S.front(), p.r()).transpose());
     else lu.compute(p.Qf(S, Eigen::all).transpose());
     double rcond, model;
     if (exact) {
-      thread_local Eigen::MatrixXf inv_t;  // kept per thread (kernel/inverse.hpp says why)
-      lu.inverse_into(inv_t);
+      Eigen::MatrixXf& inv_t = scratch.inv_t;
+      lu.inverse_into(inv_t, ws);
       rcond = 1.0 / (lu.norm1() * double(inv_t.cwiseAbs().colwise().sum().maxCoeff()));
       model = exact_model(inv_t, D);
     } else {
@@ -159,7 +167,7 @@ inline WindowScore score_window(const FactoredProduct& p, const std::vector<Inde
   Eigen::PartialPivLU<Eigen::MatrixXd> lu(QS.transpose());
   score.rcond = lu.rcond();
   if (!(score.rcond >= singular_rcond)) return score;
-  score.model = exact ? exact_model(bd::kernel::inverse(lu), D)
+  score.model = exact ? exact_model(bd::kernel::inverse(lu, ws), D)
                       : sketched_model(Eigen::MatrixXd(lu.solve(p.sketch.transpose())), p, S, D);
   return score;
 }
@@ -173,12 +181,18 @@ inline constexpr double float_pivot_ratio = 1e-3;
 
 /// Basis rows chosen by QR with column pivoting on Fᵀ, F isometric to W's rows: the r most
 /// independent rows of W (Businger–Golub), returned ascending. On the CPU's vectors
-/// (kernel/pivoted_qr.hpp), one buffer per thread and type: this runs for every product.
-inline std::vector<Index> pivoted_indices(const FactoredProduct& p) {
-  const Eigen::MatrixXd Ft = row_geometry_transposed(p);
+/// (kernel/pivoted_qr.hpp), their buffers kept in the Workspace: this runs for every product.
+struct PivotScratch {
+  bd::kernel::ColumnPivots<float> in_float;
+  bd::kernel::ColumnPivots<double> in_double;
+};
+
+inline std::vector<Index> pivoted_indices(const FactoredProduct& p, Workspace& ws) {
+  const Eigen::MatrixXd Ft = row_geometry_transposed(p, ws);
   const Index r = p.r();
-  thread_local bd::kernel::ColumnPivots<float> in_float;
-  thread_local bd::kernel::ColumnPivots<double> in_double;
+  PivotScratch& scratch = ws.local<PivotScratch>();
+  bd::kernel::ColumnPivots<float>& in_float = scratch.in_float;
+  bd::kernel::ColumnPivots<double>& in_double = scratch.in_double;
   in_float.compute(Ft, r);
   const auto& d = in_float.r_diagonal();
   const bool resolved = r == 0 || double(d(r - 1)) >= float_pivot_ratio * double(d(0));

@@ -6,15 +6,22 @@
 //                                                (every head of a layer: the paper's Alg. 3)
 //
 // All prepare in double and round the result once to Scalar (default: the input's scalar).
-// The column form is the row form of Wᵀ = V·Uᵀ, so one code path serves both.
+// The column form is the row form of Wᵀ = V·Uᵀ, so one code path serves both. Each takes a
+// Workspace last (base/workspace.hpp) whose buffers later calls reuse; without one, a call
+// has its own, freed when it returns.
+//
+// The pipeline, stage by stage: validate the factors; factor every product for ranking (Q,
+// VᵀV, row norms, sketch: factored_product.hpp) and measure the storage type's rounding floor;
+// rank candidate bases and choose by strategy (basis_selection.hpp, strategy.hpp); fit the
+// winner — invert its basis block, form and round B, the ΔB Grams, fit and refit C, round C,
+// the exact error (coefficient_fit.hpp); assemble the reports.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <exception>
 #include <limits>
-#include <optional>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -23,290 +30,22 @@
 #include <Eigen/QR>
 #include <Eigen/SVD>
 
+#include "bd/base/error.hpp"
+#include "bd/base/workspace.hpp"
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/coefficient_fit.hpp"
 #include "bd/core/decomposition.hpp"
-#include "bd/base/error.hpp"
 #include "bd/core/factored_product.hpp"
 #include "bd/core/options.hpp"
 #include "bd/core/parallel.hpp"
+#include "bd/core/precision.hpp"
 #include "bd/core/rounding_floor.hpp"
 #include "bd/core/scalar.hpp"
+#include "bd/core/strategy.hpp"
 #include "bd/core/validate.hpp"
 
 namespace bd {
 namespace detail {
-
-/// Window candidates re-ranked by the exact rounding model after the sketch ranking.
-inline constexpr std::size_t exact_rerank = 4;
-
-inline std::string sci(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", x);
-  return buf;
-}
-
-inline Basis window_kind(Index offset, Index m, Index r) {
-  if (offset == 0) return Basis::First;
-  if (offset == m - r) return Basis::Last;
-  return Basis::OffsetSearch;
-}
-
-/// Which basis rows every product uses, and how it was decided.
-struct Choice {
-  std::vector<std::vector<Index>> S;  ///< per product, ascending
-  std::vector<double> model;          ///< per product, the rounding model value (see basis_selection.hpp)
-  bool shared = true;
-  Basis chosen = Basis::First;
-  Index tried = 0, skipped = 0;
-};
-
-inline double relative(double value, double norm2) { return norm2 > 0 ? value / norm2 : 0.0; }
-
-/// One contiguous window for all products: the one whose mean estimated NMSE is lowest among
-/// the windows that are non-singular for every product.
-inline Choice choose_window(const std::vector<FactoredProduct>& ps, Basis basis, const Options& opts) {
-  const Index m = ps.front().m(), r = ps.front().r();
-  const Index heads = static_cast<Index>(ps.size());
-  const std::vector<Index> offsets = candidate_offsets(basis, m, r, opts.align, opts.offset);
-  const Index windows = static_cast<Index>(offsets.size());
-  const bool exact_all = offsets.size() <= exact_rerank;
-  std::vector<WindowScore> score(static_cast<std::size_t>(windows * heads));
-  auto at = [&](Index w, Index h) -> WindowScore& { return score[static_cast<std::size_t>(w * heads + h)]; };
-  parallel_for(windows * heads, [&](Index t) {
-    at(t / heads, t % heads) = score_window(ps[static_cast<std::size_t>(t % heads)], contiguous(offsets[t / heads], r), exact_all);
-  });
-
-  Choice choice;
-  choice.tried = windows;
-  std::vector<std::pair<double, Index>> ranked;  // (mean estimate, window)
-  std::string singular_note;
-  for (Index w = 0; w < windows; ++w) {
-    double mean = 0;
-    bool singular = false;
-    for (Index h = 0; h < heads && !singular; ++h) {
-      if (at(w, h).singular()) {
-        singular = true;
-        if (singular_note.empty())
-          singular_note = message(ps[static_cast<std::size_t>(h)].name, ", rows ", offsets[w], "..", offsets[w] + r - 1,
-                                  " (reciprocal condition ", sci(at(w, h).rcond), ")");
-      }
-      mean += relative(at(w, h).model, ps[static_cast<std::size_t>(h)].norm2) / static_cast<double>(heads);
-    }
-    if (singular) ++choice.skipped;
-    else ranked.emplace_back(mean, w);
-  }
-  if (ranked.empty() && windows == 1)
-    throw SingularBasisError(message("the ", to_string(basis), " basis block is singular or numerically rank-deficient: ",
-                                     singular_note, " < ", singular_rcond,
-                                     "; choose another window (offset-search, pivoted or auto skip such blocks) or "
-                                     "leave this product dense"));
-  if (ranked.empty())
-    throw SingularBasisError(message("no ", to_string(basis), " window is non-singular for every product: ", windows,
-                                     " tried, e.g. ", singular_note,
-                                     "; use Basis::Pivoted or Basis::Auto, or leave this layer dense"));
-  std::sort(ranked.begin(), ranked.end());
-  if (!exact_all) {
-    // The sketch has a relative spread of about sqrt(2/k); settle the best few exactly.
-    ranked.resize(std::min(ranked.size(), exact_rerank));
-    parallel_for(static_cast<Index>(ranked.size()) * heads, [&](Index t) {
-      const Index w = ranked[static_cast<std::size_t>(t / heads)].second, h = t % heads;
-      at(w, h) = score_window(ps[static_cast<std::size_t>(h)], contiguous(offsets[w], r), true);
-    });
-    for (auto& [mean, w] : ranked) {
-      mean = 0;
-      for (Index h = 0; h < heads; ++h)
-        mean += relative(at(w, h).model, ps[static_cast<std::size_t>(h)].norm2) / static_cast<double>(heads);
-    }
-    std::sort(ranked.begin(), ranked.end());
-  }
-  const Index best = ranked.front().second;
-  choice.S.assign(ps.size(), contiguous(offsets[best], r));
-  for (Index h = 0; h < heads; ++h) choice.model.push_back(at(best, h).model);
-  choice.chosen = basis == Basis::Window ? Basis::Window : window_kind(offsets[best], m, r);
-  return choice;
-}
-
-/// Each product its own r most independent rows.
-inline Choice choose_pivoted(const std::vector<FactoredProduct>& ps) {
-  Choice choice;
-  choice.shared = false;
-  choice.chosen = Basis::Pivoted;
-  choice.tried = 1;
-  choice.S.resize(ps.size());
-  choice.model.resize(ps.size());
-  parallel_for(static_cast<Index>(ps.size()), [&](Index h) {
-    const auto& p = ps[static_cast<std::size_t>(h)];
-    choice.S[static_cast<std::size_t>(h)] = pivoted_indices(p);
-    choice.model[static_cast<std::size_t>(h)] = score_window(p, choice.S[static_cast<std::size_t>(h)], true).model;
-  });
-  return choice;
-}
-
-/// Fits every product's chosen basis; adds the pass's elapsed time to `times` (fit, round, error).
-template <typename Scalar, typename Fitter>
-std::vector<BasisFit<Scalar>> fit_choice(const std::vector<FactoredProduct>& ps, const Choice& choice, Fitter&& fitter,
-                                         PhaseTimes& times) {
-  std::vector<BasisFit<Scalar>> fits(ps.size());
-  FitClock busy;
-  Stopwatch clock;
-  parallel_for(static_cast<Index>(ps.size()), [&](Index h) {
-    PhaseTimes t;
-    fits[static_cast<std::size_t>(h)] = fitter(static_cast<std::size_t>(h), choice.S[static_cast<std::size_t>(h)], t);
-    busy.add(t);
-  });
-  busy.split(clock.lap(), times);
-  return fits;
-}
-
-template <typename Scalar>
-double mean_nmse(const std::vector<FactoredProduct>& ps, const std::vector<BasisFit<Scalar>>& fits) {
-  double sum = 0;
-  for (std::size_t h = 0; h < ps.size(); ++h) sum += relative(fits[h].residual2, ps[h].norm2);
-  return sum / static_cast<double>(ps.size());
-}
-
-inline std::string describe(const Choice& c, Index m, Index r) {
-  if (!c.shared) return "per-product pivoted basis";
-  const Index o = c.S.front().front();
-  return message(to_string(window_kind(o, m, r)), " window at rows ", o, "..", o + r - 1);
-}
-
-/// Auto skips fitting a window whose ranking estimate (the first-order rounding model before
-/// the refit) exceeds the budget this many times: the refit lowers the error by 2–5x on
-/// DeepSeek- and LLaMA-shaped products, never by 10x, so such a window cannot pass. Within
-/// the margin the window is fitted and its exact error decides.
-inline constexpr double auto_hopeless = 10.0;
-
-/// Auto's screen before ranking windows on every product: a lower bound on each window's mean
-/// estimate from the exact rounding models of a few products (in units of u²/3, like
-/// WindowScore::model; `limit` too). Every product's term of the mean
-/// is ≥ 0, so for any window w and any set K of the H products
-///     mean_h est(w, h) ≥ Σ_{h ∈ K} est(w, h) / H,
-/// and when that bound exceeds `limit` for every window, so does the estimate of whichever
-/// window the full ranking would choose (its exact mean): the full ranking cannot change Auto's
-/// decision and is skipped. Products are added one at a time (spread over the set, at most a
-/// quarter of it) until the bound decides; a window singular for one of them is out for all, as
-/// in choose_window. Returns the smallest bound over the windows (+inf when none is usable) if it
-/// exceeds `limit`, else a negative value, and then the full ranking runs as before.
-inline double screened_window_bound(const std::vector<FactoredProduct>& ps, const Options& opts, double limit,
-                                    Index& used) {
-  const Index heads = static_cast<Index>(ps.size());
-  used = 0;
-  if (heads < 8) return -1;  // the full ranking is cheap enough
-  const Index m = ps.front().m(), r = ps.front().r();
-  const std::vector<Index> offsets = candidate_offsets(Basis::OffsetSearch, m, r, opts.align, opts.offset);
-  const Index windows = static_cast<Index>(offsets.size());
-  std::vector<double> bound(static_cast<std::size_t>(windows), 0.0);
-  for (Index k = 0; k < heads / 4; ++k) {
-    const Index h = k * heads / (heads / 4);
-    const FactoredProduct& p = ps[static_cast<std::size_t>(h)];
-    parallel_for(windows, [&](Index w) {
-      double& b = bound[static_cast<std::size_t>(w)];
-      if (!(b < std::numeric_limits<double>::infinity())) return;
-      const WindowScore score = score_window(p, contiguous(offsets[static_cast<std::size_t>(w)], r), true);
-      b = score.singular() ? std::numeric_limits<double>::infinity()
-                           : b + relative(score.model, p.norm2) / static_cast<double>(heads);
-    });
-    used = k + 1;
-    const double lowest = *std::min_element(bound.begin(), bound.end());
-    if (lowest > limit) return lowest;
-  }
-  return -1;
-}
-
-/// The strategy's outcome for a set of products.
-template <typename Scalar>
-struct Outcome {
-  Choice choice;
-  std::vector<BasisFit<Scalar>> fits;
-  std::string reason;
-  PhaseTimes times;
-};
-
-/// Auto's first choice, the best shared window (one slice of X for every head), taken when its
-/// exact error is within `opts.error_budget` × the mean rounding floor `floor`. Only the winner
-/// is fitted: a window whose ranking estimate is beyond auto_hopeless times the budget is not,
-/// and when a few products already bound every window's estimate above that, the windows are not
-/// ranked on the others at all (screened_window_bound). Returns the accepted outcome, or nothing
-/// with `note` saying why no window was taken; the phases go to `times`.
-template <typename Scalar, typename Fitter>
-std::optional<Outcome<Scalar>> shared_window_within_budget(const std::vector<FactoredProduct>& ps, const Options& opts,
-                                                           double floor, Fitter& fitter, PhaseTimes& times, std::string& note) {
-  const Index m = ps.front().m(), r = ps.front().r();
-  const double u2 = unit_roundoff<Scalar>() * unit_roundoff<Scalar>();
-  const double limit = auto_hopeless * opts.error_budget * floor;
-  Stopwatch clock;
-  Index screened = 0;
-  const double bound = screened_window_bound(ps, opts, limit / (u2 / 3), screened) * (u2 / 3);
-  times.score += clock.lap();
-  if (bound >= 0 && !(bound < std::numeric_limits<double>::infinity())) {
-    note = message("no shared window is usable (each is singular for one of the first ", screened, " screened products)");
-    return std::nullopt;
-  }
-  if (bound >= 0) {
-    note = message("every window is estimated at NMSE ≥ ", sci(bound), " = ", sci(bound / floor), "x the floor (a bound from ",
-                   screened, " of ", ps.size(), " products' exact rounding models; not fitted: over ", sci(auto_hopeless),
-                   "x the budget)");
-    return std::nullopt;
-  }
-  Outcome<Scalar> w;
-  try {  // every window singular for some product: choose_window and the fit refuse it by throwing
-    w.choice = choose_window(ps, Basis::OffsetSearch, opts);
-    times.score += clock.lap();
-    double estimate = 0;
-    for (std::size_t h = 0; h < ps.size(); ++h)
-      estimate += relative(w.choice.model[h] * u2 / 3, ps[h].norm2) / static_cast<double>(ps.size());
-    if (estimate > limit) {
-      note = message(describe(w.choice, m, r), " is estimated at NMSE ", sci(estimate), " = ", sci(estimate / floor),
-                     "x the floor (not fitted: over ", sci(auto_hopeless), "x the budget)");
-      return std::nullopt;
-    }
-    w.fits = fit_choice<Scalar>(ps, w.choice, fitter, times);
-  } catch (const SingularBasisError& e) {
-    note = message("no shared window is usable (", e.what(), ")");
-    times.score += clock.lap();
-    return std::nullopt;
-  }
-  const double nmse = mean_nmse(ps, w.fits);
-  note = message(describe(w.choice, m, r), " gives NMSE ", sci(nmse), " = ", sci(nmse / floor), "x the floor");
-  if (nmse > opts.error_budget * floor) return std::nullopt;
-  w.reason = message("auto: ", note, ", within the budget ", sci(opts.error_budget), "x the ", scalar_traits<Scalar>::name,
-                     " rounding floor ", sci(floor));
-  w.times = times;
-  return w;
-}
-
-/// Ranks, chooses and fits the basis `opts.basis` asks for. Auto tries the shared window first
-/// (shared_window_within_budget) and falls back to per-product pivoting, saying why.
-template <typename Scalar, typename Fitter>
-Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::vector<double>& floors, const Options& opts,
-                             Fitter&& fitter) {
-  const Index m = ps.front().m(), r = ps.front().r();
-  Outcome<Scalar> out;
-  Stopwatch clock;
-  if (opts.basis != Basis::Auto) {
-    out.choice = opts.basis == Basis::Pivoted ? choose_pivoted(ps) : choose_window(ps, opts.basis, opts);
-    out.times.score += clock.lap();
-    out.fits = fit_choice<Scalar>(ps, out.choice, fitter, out.times);
-    out.reason = message(to_string(opts.basis), ": ", describe(out.choice, m, r), " (", out.choice.tried,
-                         " candidates ranked, ", out.choice.skipped, " singular skipped)");
-    return out;
-  }
-  double floor = 0;
-  for (double f : floors) floor += f / static_cast<double>(floors.size());
-  std::string window_note;
-  if (auto window = shared_window_within_budget<Scalar>(ps, opts, floor, fitter, out.times, window_note)) return std::move(*window);
-  clock.lap();  // the window's phases are already in out.times
-  out.choice = choose_pivoted(ps);
-  out.times.score += clock.lap();
-  out.fits = fit_choice<Scalar>(ps, out.choice, fitter, out.times);
-  const double nmse = mean_nmse(ps, out.fits);
-  out.reason = message("auto: ", window_note, ", over the budget ", sci(opts.error_budget), "x the ", scalar_traits<Scalar>::name,
-                       " rounding floor ", sci(floor), "; fell back to the per-product pivoted basis: NMSE ", sci(nmse), " = ",
-                       sci(nmse / floor), "x the floor", nmse <= opts.error_budget * floor ? "" : " (still over budget: the most accurate choice)");
-  return out;
-}
 
 inline void validate_options(const Options& opts) {
   if (opts.align <= 0) throw RangeError(message("Options::align is ", opts.align, ": expected a positive window stride"));
@@ -380,20 +119,37 @@ void validate_factors(const std::vector<MatrixU>& Us, const std::vector<MatrixV>
   require_rank(r, m, n, single ? "W = U·Vᵀ" : "every W_h = U_h·V_hᵀ");
 }
 
+/// One product of a set factored for ranking into p (factored_product.hpp), reusing p's storage,
+/// V held in the precisions Precision's products read it in: in double for B in double or the
+/// Grams in double, in float for either in float — a float V is then the caller's own, read in
+/// place (it outlives the product), any other type rounded.
+template <typename Precision, typename MatrixU, typename MatrixV>
+void factor_one(FactoredProduct& p, const MatrixU& u, const MatrixV& v, std::string name,
+                const std::shared_ptr<const Eigen::MatrixXd>& omega, Workspace& ws) {
+  constexpr bool double_V = !(Precision::fp32_basis && Precision::fp32_grams);
+  p.U = u.template cast<double>();
+  if (double_V) p.V = v.template cast<double>();
+  else p.V.resize(0, 0);
+  p.Vf_borrowed = nullptr;
+  if constexpr (Precision::fp32_grams && std::is_same_v<MatrixV, Eigen::MatrixXf>) p.Vf_borrowed = &v, p.Vf_owned.resize(0, 0);
+  else if constexpr (Precision::fp32_grams) p.Vf_owned = v.template cast<float>();
+  else p.Vf_owned.resize(0, 0);
+  p.name = std::move(name);
+  p.omega = omega;
+  factor_in_place(p, ws);
+}
+
 /// Stage 1 of decompose_shared: every product factored for ranking (`ps`) with its rounding
 /// floor in Stored (`floors`), in parallel. Each product's weights are checked for NaN/Inf just
 /// before it is factored, on the same thread: the check brings them into cache for the
 /// factorization instead of reading the whole layer from memory twice. Errors are raised after
 /// the loop, in product order, finiteness first, so the message does not depend on thread timing.
-template <typename Stored, typename MatrixU, typename MatrixV>
-void factor_all(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, const Options& opts,
-                ProductPrecision precision, std::vector<FactoredProduct>& ps, std::vector<double>& floors) {
+template <typename Stored, typename Precision, typename MatrixU, typename MatrixV>
+void factor_all(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, const Options& opts, Workspace& ws,
+                std::vector<FactoredProduct>& ps, std::vector<double>& floors) {
   const bool row = opts.side == Side::Row, single = Us.size() == 1;
-  ps = std::vector<FactoredProduct>(Us.size());
+  ps.resize(Us.size());
   floors.assign(Us.size(), 0.0);
-  // V in double only where a product reads it (B for float and double storage, the Grams
-  // for double); in float where the Grams or B are formed in fp32.
-  const bool double_V = !(precision.fp32_basis && precision.fp32_grams);
   const auto omega = sketch_matrix(row ? Us.front().rows() : Vs.front().rows(), opts);
   std::vector<char> finite(Us.size(), 1);
   std::vector<std::exception_ptr> failed(Us.size());
@@ -402,18 +158,10 @@ void factor_all(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, 
     finite[i] = all_finite(Us[i]) && all_finite(Vs[i]);
     if (!finite[i]) return;
     try {
-      const auto& u = row ? Us[i] : Vs[i];  // the basis side (row form)
-      const auto& v = row ? Vs[i] : Us[i];
-      // A float V is read where the caller holds it (it outlives ps); other types are rounded.
-      const Eigen::MatrixXf* borrowed = nullptr;
-      Eigen::MatrixXf vf;
-      if (precision.fp32_grams) {
-        // (Both factor types float matrices, so v is one of the caller's own, not a converted copy.)
-        if constexpr (std::is_same_v<MatrixU, Eigen::MatrixXf> && std::is_same_v<MatrixV, Eigen::MatrixXf>) borrowed = &v;
-        else vf = v.template cast<float>();
-      }
-      ps[i] = factor_product(u.template cast<double>(), double_V ? Eigen::MatrixXd(v.template cast<double>()) : Eigen::MatrixXd(),
-                             std::move(vf), single ? std::string("W = U·Vᵀ") : message("head ", h), omega, borrowed);
+      const std::string name = single ? std::string("W = U·Vᵀ") : message("head ", h);
+      // The basis side is U in row form, V in column form (the row form of Wᵀ = V·Uᵀ).
+      if (row) factor_one<Precision>(ps[i], Us[i], Vs[i], name, omega, ws);
+      else factor_one<Precision>(ps[i], Vs[i], Us[i], name, omega, ws);
       floors[i] = rounding_floor<Stored>(ps[i], opts.seed + i);
     } catch (...) {
       failed[i] = std::current_exception();
@@ -428,36 +176,93 @@ void factor_all(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, 
     if (failure) std::rethrow_exception(failure);
 }
 
-}  // namespace detail
-
-/// One basis choice for products W_h = U_h·V_hᵀ of equal shape. Windows (First, Last,
-/// ResidualMin, OffsetSearch) are shared by every product, ranked by their mean estimated
-/// NMSE; Pivoted picks each product's own rows; Auto takes the best shared window when it
-/// meets Options::error_budget and per-product pivoting otherwise.
-template <typename Scalar = void, typename MatrixU, typename MatrixV>
-SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompose_shared(
-    const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, const Options& opts = {}) {
-  using Stored = detail::stored_t<Scalar, typename MatrixU::Scalar>;
-  static_assert(is_supported_scalar_v<Stored>, "bd stores double, float, Eigen::half or Eigen::bfloat16");
-  detail::validate_options(opts);
-  detail::validate_factors(Us, Vs);
-  const detail::ProductPrecision precision = detail::product_precision<Stored>(opts.fp32_products);
-  detail::Stopwatch clock;
-  std::vector<detail::FactoredProduct> ps;
+/// decompose_shared for one precision policy: factor, then the strategy with its fits.
+template <typename Stored, typename Precision, typename MatrixU, typename MatrixV>
+SharedDecomposition<Stored> decompose_shared_with(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs,
+                                                  const Options& opts, Workspace& ws) {
+  double factor_seconds = 0;
+  std::vector<FactoredProduct>& ps = ws.local<FactoredSet>().products;
   std::vector<double> floors;
-  detail::factor_all<Stored>(Us, Vs, opts, precision, ps, floors);
-  const double factor_seconds = clock.lap();
+  {
+    PhaseTimer timer(factor_seconds);
+    factor_all<Stored, Precision>(Us, Vs, opts, ws, ps, floors);
+  }
   auto fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
-    return detail::fit_basis<Stored>(ps[h], std::move(S), opts.refit, precision, opts.side, t);
+    return fit_basis<Stored, Precision>(ps[h], std::move(S), opts.refit, opts.side, t, ws);
   };
-  detail::Outcome<Stored> out = detail::run_strategy<Stored>(ps, floors, opts, fitter);
+  Outcome<Stored> out = run_strategy<Stored>(ps, floors, opts, fitter, ws);
   out.times.factor += factor_seconds;
   const bool shared = out.choice.shared;
   const Basis chosen = out.choice.chosen;
   std::string reason = out.reason;
   const PhaseTimes phases = out.times;
-  return SharedDecomposition<Stored>(detail::assemble_all<Stored>(ps, out, floors, opts, Us.front().rows(), Vs.front().rows()),
-                                     shared, opts.basis, chosen, std::move(reason), phases);
+  return SharedDecomposition<Stored>(assemble_all<Stored>(ps, out, floors, opts, Us.front().rows(), Vs.front().rows()), shared,
+                                     opts.basis, chosen, std::move(reason), phases);
+}
+
+/// decompose(W, rank) after the checks: W's factors from a rank-revealing QR, then the
+/// strategy with fits made on W itself.
+template <typename Stored>
+Decomposition<Stored> decompose_dense(const Eigen::MatrixXd& Wr, Index rank, const Options& opts, Index rows, Index cols,
+                                      Workspace& ws) {
+  double factor_seconds = 0;
+  std::vector<FactoredProduct> ps;
+  std::vector<double> floors;
+  double energy = 0, tail = 0;
+  {
+    PhaseTimer timer(factor_seconds);
+    const Index m = Wr.rows();
+    // A rank-revealing factorisation W P = Q R gives the factors U = Q_r, V = P R_rᵀ that rank
+    // candidate bases; the tail of R is what no rank-r decomposition can represent.
+    Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(Wr);
+    if (qr.rank() < rank)
+      throw RangeError(message("W (", rows, "x", cols, ") has numerical rank ", qr.rank(), ", below the requested rank ", rank,
+                               ": any ", rank, " of its rows are dependent; use rank ", qr.rank()));
+    Eigen::MatrixXd U = qr.householderQ() * Eigen::MatrixXd::Identity(m, rank);
+    Eigen::MatrixXd Rtop = qr.matrixQR().topRows(rank).template triangularView<Eigen::Upper>();
+    Eigen::MatrixXd V = (Rtop * qr.colsPermutation().transpose()).transpose();
+    // What no rank-r matrix can represent: Σ_{i>r} σ_i², a lower bound on any BD's error.
+    energy = Wr.squaredNorm();
+    const Eigen::VectorXd sigma = Eigen::BDCSVD<Eigen::MatrixXd>(Wr).singularValues();
+    tail = sigma.tail(sigma.size() - rank).squaredNorm();
+    ps.push_back(factor_product(std::move(U), std::move(V), Eigen::MatrixXf(), "W", sketch_matrix(m, opts), nullptr, ws));
+    ps.front().norm2 = energy;
+    floors.push_back(rounding_floor<Stored>(Wr));
+  }
+  auto fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
+    return fit_basis_dense<Stored>(Wr, ps[h], std::move(S), opts.refit, opts.side, t);
+  };
+  Outcome<Stored> out = run_strategy<Stored>(ps, floors, opts, fitter, ws);
+  out.times.factor += factor_seconds;
+  auto heads = assemble_all<Stored>(ps, out, floors, opts, rows, cols, energy > 0 ? tail / energy : 0.0);
+  return std::move(heads.front());
+}
+
+}  // namespace detail
+
+/// One basis choice for products W_h = U_h·V_hᵀ of equal shape. Windows (First, Last,
+/// ResidualMin, OffsetSearch) are shared by every product, ranked by their mean estimated
+/// NMSE; Pivoted picks each product's own rows; Auto takes the best shared window when it
+/// meets Options::error_budget and per-product pivoting otherwise. Scratch memory is kept in
+/// `ws` (base/workspace.hpp), for the next call to reuse.
+template <typename Scalar = void, typename MatrixU, typename MatrixV>
+SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompose_shared(
+    const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, const Options& opts, Workspace& ws) {
+  using Stored = detail::stored_t<Scalar, typename MatrixU::Scalar>;
+  static_assert(is_supported_scalar_v<Stored>, "bd stores double, float, Eigen::half or Eigen::bfloat16");
+  detail::validate_options(opts);
+  detail::validate_factors(Us, Vs);
+  return detail::with_precision<Stored>(opts.fp32_products, [&](auto precision) {
+    return detail::decompose_shared_with<Stored, decltype(precision)>(Us, Vs, opts, ws);
+  });
+}
+
+/// The same with scratch memory of its own, freed on return.
+template <typename Scalar = void, typename MatrixU, typename MatrixV>
+SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompose_shared(
+    const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, const Options& opts = {}) {
+  Workspace ws;
+  return decompose_shared<Scalar>(Us, Vs, opts, ws);
 }
 
 /// Decomposes W = U·Vᵀ (m×n, rank r = U.cols()) from its factors, never forming W: one r×r
@@ -466,13 +271,21 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
 /// \f[ \text{row: } W_{S,:} = B,\; W_{R,:} = C B \qquad \text{col: } W_{:,S} = B,\; W_{:,R} = B C \f]
 template <typename Scalar = void, typename DerivedU, typename DerivedV>
 Decomposition<detail::stored_t<Scalar, typename DerivedU::Scalar>> decompose_product(
-    const Eigen::MatrixBase<DerivedU>& U, const Eigen::MatrixBase<DerivedV>& V, const Options& opts = {}) {
+    const Eigen::MatrixBase<DerivedU>& U, const Eigen::MatrixBase<DerivedV>& V, const Options& opts, Workspace& ws) {
   using Stored = detail::stored_t<Scalar, typename DerivedU::Scalar>;
   if (U.cols() != V.cols())
     throw ShapeError(detail::message("factors disagree: U is ", detail::shape_of(U), " and V is ", detail::shape_of(V),
                                      ", expected the same number of columns r (W = U·Vᵀ is m×n of rank r)"));
   const std::vector<Eigen::MatrixXd> Us{U.template cast<double>()}, Vs{V.template cast<double>()};
-  return decompose_shared<Stored>(Us, Vs, opts).heads().front();
+  return decompose_shared<Stored>(Us, Vs, opts, ws).heads().front();
+}
+
+/// The same with scratch memory of its own, freed on return.
+template <typename Scalar = void, typename DerivedU, typename DerivedV>
+Decomposition<detail::stored_t<Scalar, typename DerivedU::Scalar>> decompose_product(
+    const Eigen::MatrixBase<DerivedU>& U, const Eigen::MatrixBase<DerivedV>& V, const Options& opts = {}) {
+  Workspace ws;
+  return decompose_product<Scalar>(U, V, opts, ws);
 }
 
 /// Decomposes a dense W whose rank is `rank`. The basis is made of W's own rows (columns),
@@ -481,47 +294,25 @@ Decomposition<detail::stored_t<Scalar, typename DerivedU::Scalar>> decompose_pro
 /// reported as Report::truncation_nmse: a floor under nmse, since BD is exact only for rank-r
 /// products (truncate with an SVD first when that is the intent).
 template <typename Scalar = void, typename Derived>
-Decomposition<detail::stored_t<Scalar, typename Derived::Scalar>> decompose(const Eigen::MatrixBase<Derived>& W,
-                                                                             Index rank, const Options& opts = {}) {
+Decomposition<detail::stored_t<Scalar, typename Derived::Scalar>> decompose(const Eigen::MatrixBase<Derived>& W, Index rank,
+                                                                             const Options& opts, Workspace& ws) {
   using Stored = detail::stored_t<Scalar, typename Derived::Scalar>;
   static_assert(is_supported_scalar_v<Stored>, "bd stores double, float, Eigen::half or Eigen::bfloat16");
   detail::validate_options(opts);
   detail::require_nonempty(W, "W");
   detail::require_finite(W, "W");
   detail::require_rank(rank, W.rows(), W.cols(), "W");
-  const bool row = opts.side == Side::Row;
-  detail::Stopwatch clock;
-  const Eigen::MatrixXd Wr = row ? Eigen::MatrixXd(W.template cast<double>())
-                                 : Eigen::MatrixXd(W.template cast<double>().transpose());
-  const Index m = Wr.rows();
+  const Eigen::MatrixXd Wr = opts.side == Side::Row ? Eigen::MatrixXd(W.template cast<double>())
+                                                    : Eigen::MatrixXd(W.template cast<double>().transpose());
+  return detail::decompose_dense<Stored>(Wr, rank, opts, W.rows(), W.cols(), ws);
+}
 
-  // A rank-revealing factorisation W P = Q R gives the factors U = Q_r, V = P R_rᵀ that rank
-  // candidate bases; the tail of R is what no rank-r decomposition can represent.
-  Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(Wr);
-  if (qr.rank() < rank)
-    throw RangeError(detail::message("W (", detail::shape_of(W), ") has numerical rank ", qr.rank(),
-                                     ", below the requested rank ", rank,
-                                     ": any ", rank, " of its rows are dependent; use rank ", qr.rank()));
-  Eigen::MatrixXd U = qr.householderQ() * Eigen::MatrixXd::Identity(m, rank);
-  Eigen::MatrixXd Rtop = qr.matrixQR().topRows(rank).template triangularView<Eigen::Upper>();
-  Eigen::MatrixXd V = (Rtop * qr.colsPermutation().transpose()).transpose();
-  // What no rank-r matrix can represent: Σ_{i>r} σ_i², a lower bound on any BD's error.
-  const double energy = Wr.squaredNorm();
-  const Eigen::VectorXd sigma = Eigen::BDCSVD<Eigen::MatrixXd>(Wr).singularValues();
-  const double tail = sigma.tail(sigma.size() - rank).squaredNorm();
-
-  std::vector<detail::FactoredProduct> ps;
-  ps.push_back(detail::factor_product(std::move(U), std::move(V), Eigen::MatrixXf(), "W", detail::sketch_matrix(m, opts)));
-  ps.front().norm2 = energy;
-  const std::vector<double> floors{detail::rounding_floor<Stored>(Wr)};
-  const double factor_seconds = clock.lap();
-  auto fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
-    return detail::fit_basis_dense<Stored>(Wr, ps[h], std::move(S), opts.refit, opts.side, t);
-  };
-  detail::Outcome<Stored> out = detail::run_strategy<Stored>(ps, floors, opts, fitter);
-  out.times.factor += factor_seconds;
-  auto heads = detail::assemble_all<Stored>(ps, out, floors, opts, W.rows(), W.cols(), energy > 0 ? tail / energy : 0.0);
-  return std::move(heads.front());
+/// The same with scratch memory of its own, freed on return.
+template <typename Scalar = void, typename Derived>
+Decomposition<detail::stored_t<Scalar, typename Derived::Scalar>> decompose(const Eigen::MatrixBase<Derived>& W, Index rank,
+                                                                             const Options& opts = {}) {
+  Workspace ws;
+  return decompose<Scalar>(W, rank, opts, ws);
 }
 
 /// The ranking stage's pieces, public for those who test or extend it: a product factored for

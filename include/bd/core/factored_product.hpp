@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <Eigen/Cholesky>
 #include <Eigen/Core>
@@ -20,6 +21,7 @@
 #include <Eigen/QR>
 
 #include "bd/base/error.hpp"
+#include "bd/base/workspace.hpp"
 #include "bd/core/options.hpp"
 #include "bd/kernel/inverse.hpp"
 #include "bd/kernel/matmul.hpp"
@@ -61,28 +63,36 @@ inline std::shared_ptr<const Eigen::MatrixXd> sketch_matrix(Index m, const Optio
   return std::make_shared<const Eigen::MatrixXd>(Eigen::MatrixXd::NullaryExpr(m, k, [&]() { return normal(rng); }));
 }
 
+/// A thread's scratch for factoring products (in the preparation's Workspace): the Cholesky
+/// QR's Gram, its factor and inverse, the first pass's Q; the float Gram and U·G of the row norms.
+struct FactorScratch {
+  Eigen::MatrixXd gram, Linv, previous;
+  Eigen::LLT<Eigen::MatrixXd> llt;
+  Eigen::MatrixXf Gf, Uf, UG;
+};
+
 /// Q with range(Q) = range(U), QᵀQ = I, by Cholesky QR: UᵀU = RᵀR, Q = U·R⁻¹ (two GEMMs on the
 /// dispatched kernel, where Householder QR would run level-2 code at the build's SIMD width).
 /// One pass loses orthogonality as κ(U)²·u, so a second pass (CholeskyQR2, Fukaya et al. 2014)
 /// follows when κ(U) > 10² and Q is then orthonormal to working precision. Returns false when
 /// κ(U) > 10⁶ (UᵀU is then too ill-conditioned to factor): the caller uses Householder QR.
-inline bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q) {
-  // r×r and m×r scratch per thread: this runs for every product (kernel/inverse.hpp says why).
-  thread_local Eigen::MatrixXd gram, Linv, previous;
-  thread_local Eigen::LLT<Eigen::MatrixXd> llt;
+inline bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q, Workspace& ws) {
+  FactorScratch& scratch = ws.local<FactorScratch>();
+  Eigen::MatrixXd &gram = scratch.gram, &Linv = scratch.Linv, &previous = scratch.previous;
+  Eigen::LLT<Eigen::MatrixXd>& llt = scratch.llt;
   const Index r = U.cols();
   gram.resize(r, r);
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 1) previous = Q;
     const Eigen::MatrixXd& in = pass == 0 ? U : previous;
-    bd::kernel::gram_into(in, gram);
+    bd::kernel::gram_into(in, gram, ws);
     llt.compute(gram);
     if (llt.info() != Eigen::Success) return false;
     const double rcond = llt.rcond();  // ≈ 1/κ(Q)²
     if (pass == 0 && !(rcond > 1e-12)) return false;
-    bd::kernel::lower_inverse_into(llt.matrixLLT(), Linv);  // R⁻¹ = L⁻ᵀ (R = Lᵀ), read transposed
+    bd::kernel::lower_inverse_into(llt.matrixLLT(), Linv, ws);  // R⁻¹ = L⁻ᵀ (R = Lᵀ), read transposed
     Q.resize(in.rows(), r);
-    bd::kernel::matmul_upper_into(in, Linv.transpose(), Q);
+    bd::kernel::matmul_upper_into(in, Linv.transpose(), Q, ws);
     if (pass == 0 && rcond > 1e-4) break;
   }
   return true;
@@ -98,20 +108,16 @@ Eigen::Matrix<T, Eigen::Dynamic, 1> row_dots(const Eigen::Matrix<T, Eigen::Dynam
   return sum;
 }
 
-/// Precomputes a product's invariants. Throws SingularBasisError when U is rank-deficient:
-/// then every r rows of W are dependent and no basis exists (a zero or pruned head).
-/// A rank-deficient V is allowed: W_R = (U_R·U_S⁻¹)·(U_S·Vᵀ) holds for any V.
-/// V is given in double, in float (Vf, or `borrowed_Vf`: the caller's float V, which must outlive
-/// the product, read without a copy), or both; G = VᵀV is formed from the float V when given
-/// (see coefficient_fit.hpp for why that is safe). `omega` is sketch_matrix(U.rows(), ·).
-inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eigen::MatrixXf Vf, std::string name,
-                                      std::shared_ptr<const Eigen::MatrixXd> omega,
-                                      const Eigen::MatrixXf* borrowed_Vf = nullptr) {
-  FactoredProduct p;
-  p.name = std::move(name);
+/// Precomputes a product's invariants from the factors already in p (U, and V in double, in
+/// float — owned or borrowed — or both), in place: a product reused for another of the same
+/// shape keeps its storage. Throws SingularBasisError when U is rank-deficient: then every r
+/// rows of W are dependent and no basis exists (a zero or pruned head). A rank-deficient V is
+/// allowed: W_R = (U_R·U_S⁻¹)·(U_S·Vᵀ) holds for any V. G = VᵀV is formed from the float V when
+/// there is one (see coefficient_fit.hpp for why that is safe). p.omega is sketch_matrix(m, ·).
+inline void factor_in_place(FactoredProduct& p, Workspace& ws) {
+  const Eigen::MatrixXd& U = p.U;
   const Index m = U.rows(), r = U.cols();
-
-  if (!cholesky_qr(U, p.Q)) {
+  if (!cholesky_qr(U, p.Q, ws)) {
     Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(U);
     if (qr.rank() < r)
       throw SingularBasisError(message(p.name, ": the basis-side factor (", m, "x", r, ") has numerical rank ", qr.rank(),
@@ -120,48 +126,63 @@ inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eige
                                        "or use a smaller rank"));
     p.Q = qr.householderQ() * Eigen::MatrixXd::Identity(m, r);
   }
-
-  const Eigen::MatrixXf& vf = borrowed_Vf ? *borrowed_Vf : Vf;
-  if (vf.size()) {
+  if (p.Vf().size()) {
     // G from float V is accurate to float's unit (coefficient_fit.hpp), so ‖W_i‖² = U_i·G·U_iᵀ
     // loses nothing more in float: rows summed in float, the total in double.
-    thread_local Eigen::MatrixXf Gf, Uf, UG;  // scratch per thread, as in cholesky_qr
+    FactorScratch& scratch = ws.local<FactorScratch>();
+    Eigen::MatrixXf &Gf = scratch.Gf, &Uf = scratch.Uf, &UG = scratch.UG;
     Gf.resize(r, r), UG.resize(m, r);
-    bd::kernel::gram_into(vf, Gf);
+    bd::kernel::gram_into(p.Vf(), Gf, ws);
     Uf = U.cast<float>();
-    bd::kernel::matmul_into(Uf, Gf, UG);
+    bd::kernel::matmul_into(Uf, Gf, UG, ws);
     p.G = Gf.cast<double>();
     p.row_norm2 = row_dots(UG, Uf).cwiseMax(0.0f).cast<double>();
   } else {
-    p.G = bd::kernel::gram(V);
-    p.row_norm2 = row_dots(bd::kernel::matmul(U, p.G), U).cwiseMax(0.0);
+    p.G.resize(r, r);
+    bd::kernel::gram_into(p.V, p.G, ws);
+    p.row_norm2 = row_dots(bd::kernel::matmul(U, p.G, ws), U).cwiseMax(0.0);
   }
   p.norm2 = p.row_norm2.sum();
-
-  p.omega = std::move(omega);
   // Qᵀ·Ω (r×k) rather than Ωᵀ·Q: a k-row product (k = 8) would fill half a micro-tile.
-  const Eigen::MatrixXd sketch_t = bd::kernel::matmul(p.Q.transpose(), *p.omega);
+  const Eigen::MatrixXd sketch_t = bd::kernel::matmul(p.Q.transpose(), *p.omega, ws);
   p.sketch = sketch_t.transpose();
   p.Qf = p.Q.cast<float>();
   p.sketch_t = sketch_t.cast<float>();
+}
 
+/// A product factored for ranking from its factors (see factor_in_place): V in double, in float
+/// (Vf, or `borrowed_Vf`: the caller's float V, which must outlive the product, read without a
+/// copy), or both; `omega` is sketch_matrix(U.rows(), ·).
+inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eigen::MatrixXf Vf, std::string name,
+                                      std::shared_ptr<const Eigen::MatrixXd> omega,
+                                      const Eigen::MatrixXf* borrowed_Vf = nullptr, Workspace& ws = default_workspace()) {
+  FactoredProduct p;
   p.U = std::move(U);
   p.V = std::move(V);
   p.Vf_owned = std::move(Vf);
   p.Vf_borrowed = borrowed_Vf;
+  p.name = std::move(name);
+  p.omega = std::move(omega);
+  factor_in_place(p, ws);
   return p;
 }
+
+/// A set's factored products, kept in the calling thread's Workspace so that the next set of
+/// the same shapes (the next layer) reuses their storage instead of faulting in fresh pages.
+struct FactoredSet {
+  std::vector<FactoredProduct> products;
+};
 
 /// Fᵀ (r×m), where the rows of the m×r matrix F are isometric to the rows of W: W_i·W_jᵀ = F_i·F_jᵀ.
 /// With VᵀV = L·Lᵀ (Cholesky), F = U·L; when VᵀV is singular (a rank-deficient V), with
 /// VᵀV = E·Λ·Eᵀ (symmetric eigendecomposition, Λ ≥ 0), F = U·E·Λ^½. Used to pivot in W's own
 /// geometry without forming W: pivoting reads only F·Fᵀ, which both forms equal. Formed as
 /// Lᵀ·Uᵀ, so that each row of F is a contiguous column, as QR with column pivoting reads them.
-inline Eigen::MatrixXd row_geometry_transposed(const FactoredProduct& p) {
+inline Eigen::MatrixXd row_geometry_transposed(const FactoredProduct& p, Workspace& ws) {
   const Eigen::LLT<Eigen::MatrixXd> llt(p.G);
   if (llt.info() == Eigen::Success && llt.rcond() > 1e-12) {
     const Eigen::MatrixXd Lt = llt.matrixU();
-    return bd::kernel::matmul(Lt, p.U.transpose());
+    return bd::kernel::matmul(Lt, p.U.transpose(), ws);
   }
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(p.G);
   const Eigen::VectorXd scale = eig.eigenvalues().array().max(0.0).sqrt();

@@ -43,6 +43,20 @@ private:
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
 
+/// Adds the seconds from its construction to its end to one phase:
+///     { PhaseTimer timer(times.fit); ... }
+class PhaseTimer {
+public:
+  explicit PhaseTimer(double& phase) : phase_(phase) {}
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+  ~PhaseTimer() { phase_ += clock_.lap(); }
+
+private:
+  double& phase_;
+  Stopwatch clock_;
+};
+
 /// The fused fit/round/error pass: threads add their thread-seconds; split() turns them into
 /// shares of the pass's elapsed time.
 class FitClock {

@@ -33,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bd/base/workspace.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/io/bd_format.hpp"
 #include "bd/io/checkpoint.hpp"
@@ -230,7 +231,7 @@ inline LayerPlan plan_layer(const ModelFolder& m, const AttentionLayout& a, cons
 /// Prepares one layer and returns its output tensors' bytes in the plan's order.
 template <typename S>
 std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, const AttentionLayout& layout, const LayerPlan& plan,
-                                                      const ConvertOptions& opts, LayerReport& report) {
+                                                      const ConvertOptions& opts, Workspace& ws, LayerReport& report) {
   std::vector<std::vector<unsigned char>> out;
   nn::BDAttention<S> bda;
   {
@@ -241,7 +242,7 @@ std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, cons
     bo.force = opts.force;
     bo.cost_policy = opts.force ? nn::CostPolicy::Warn : nn::CostPolicy::Refuse;
     try {
-      bda = nn::BDAttention<S>::prepare(dense, bo);
+      bda = nn::BDAttention<S>::prepare(dense, bo, ws);
     } catch (const Error& e) {
       throw RefusedError(message(layout.prefix, ": ", e.what()));
     }
@@ -339,6 +340,7 @@ inline ConvertReport convert_checkpoint(const std::string& input_dir, const std:
   std::optional<detail::TempFolder> folder;
   if (folder_out) folder.emplace(output);
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  Workspace ws;  // preparation's scratch, reused by every layer
   for (std::size_t f = 0; f < files; ++f) {
     // Unconverted tensors of this file's input shard(s), in their order, then its layers.
     std::vector<std::pair<std::size_t, const TensorInfo*>> copies;
@@ -376,7 +378,7 @@ inline ConvertReport convert_checkpoint(const std::string& input_dir, const std:
       LayerReport lr;
       lr.prefix = layout.prefix;
       std::vector<std::vector<unsigned char>> bytes = dispatch(opts.storage, [&](auto t) {
-        return detail::convert_layer<typename decltype(t)::type>(m, layout, plan, opts, lr);
+        return detail::convert_layer<typename decltype(t)::type>(m, layout, plan, opts, ws, lr);
       });
       for (const std::string& name : plan.consumed) {
         const TensorInfo& t = m.info(name);

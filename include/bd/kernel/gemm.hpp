@@ -29,18 +29,19 @@ namespace bd::kernel {
 
 namespace detail {
 template <typename Kernel, typename T, typename S>
-void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads) {
+void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads, Workspace& ws) {
   if (a.rows <= skinny_rows && !a.x_row_major && !a.b_row_major) return gemm_skinny<Kernel>(a, threads);
-  gemm_packed<Kernel>(a, total, blk, threads);
+  gemm_packed<Kernel>(a, total, blk, threads, ws);
 }
 }  // namespace detail
 
 /// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours
 /// OMP_NUM_THREADS; 1 inside a parallel region) with the kernels of active_isa(). Preconditions (checked where cheap; ShapeError): pointers and leading dimensions cover every
 /// index the segments, channel and column lists name. Results are bit-identical for any number
-/// of threads; different instruction sets sum in different orders (last-bit differences).
+/// of threads; different instruction sets sum in different orders (last-bit differences). The
+/// packing space is the calling thread's in `ws` (kept there for the next call).
 template <typename T, typename S>
-void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 0) {
+void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 0, Workspace& ws = default_workspace()) {
   if (a.rows < 0 || (!a.x_row_major && a.ldx < a.rows) || a.ldo < a.rows)
     throw ShapeError(bd::detail::message("bd::kernel::gemm: ", a.rows, " rows with leading dimensions ldx = ", a.ldx, " and ldo = ",
                                          a.ldo, "; expected rows ≥ 0, ldo ≥ rows and (column-major x) ldx ≥ rows"));
@@ -55,11 +56,11 @@ void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 
 #ifdef BD_KERNEL_X86
   const Isa isa = active_isa();
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (isa == Isa::avx512) return detail::gemm_on<Avx512Kernel<T>>(a, total, blk, threads);
-    if (isa == Isa::avx2) return detail::gemm_on<Avx2Kernel<T>>(a, total, blk, threads);
+    if (isa == Isa::avx512) return detail::gemm_on<Avx512Kernel<T>>(a, total, blk, threads, ws);
+    if (isa == Isa::avx2) return detail::gemm_on<Avx2Kernel<T>>(a, total, blk, threads, ws);
   }
 #endif
-  detail::gemm_on<PortableKernel<T>>(a, total, blk, threads);
+  detail::gemm_on<PortableKernel<T>>(a, total, blk, threads, ws);
 }
 
 }  // namespace bd::kernel

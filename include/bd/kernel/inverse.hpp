@@ -11,9 +11,10 @@
 // kernel (matmul.hpp). It is as accurate as the triangular solve: the same substitutions, in
 // another order (Du Croz & Higham, 1992).
 //
-// The `_into` forms write into the caller's matrix and keep their scratch per thread: they run
-// once or twice per product of a preparation, and a fresh r×r block each time would be a fresh
-// mapping, faulted in and zeroed (r = 128 in double is glibc's 128 KiB mmap threshold).
+// The `_into` forms write into the caller's matrix and keep their scratch in the caller's
+// Workspace (InverseScratch): they run once or twice per product of a preparation, and a fresh
+// r×r block each time would be a fresh mapping, faulted in and zeroed (r = 128 in double is
+// glibc's 128 KiB mmap threshold).
 #pragma once
 
 #include <vector>
@@ -22,6 +23,7 @@
 #include <Eigen/Core>
 #include <Eigen/LU>
 
+#include "bd/base/workspace.hpp"
 #include "bd/kernel/matmul.hpp"
 
 namespace bd::kernel {
@@ -35,14 +37,18 @@ inline constexpr Index inverse_leaf = 24;
 template <typename T>
 using Dense = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
 
-/// The calling thread's scratch matrix number `slot` for type T, at least rows×cols of storage
-/// (kept between calls; its contents are not preserved across a resize).
-template <typename T, int slot>
-Eigen::Map<Dense<T>> scratch(Index rows, Index cols) {
-  thread_local std::vector<T> storage;
-  if (storage.size() < static_cast<std::size_t>(rows * cols)) storage.resize(static_cast<std::size_t>(rows * cols));
-  return Eigen::Map<Dense<T>>(storage.data(), rows, cols);
-}
+/// A thread's scratch for the inverses below, in its Workspace: the recursion's work block,
+/// the two triangular inverses of an LU and their product (contents not kept between calls).
+template <typename T>
+struct InverseScratch {
+  std::vector<T> work, product;
+  Dense<T> Linv, UinvT;
+
+  static Eigen::Map<Dense<T>> view(std::vector<T>& storage, Index rows, Index cols) {
+    if (storage.size() < static_cast<std::size_t>(rows * cols)) storage.resize(static_cast<std::size_t>(rows * cols));
+    return Eigen::Map<Dense<T>>(storage.data(), rows, cols);
+  }
+};
 
 /// A read-only block of either storage order, viewed without a copy (one type per order, so
 /// that the recursion below instantiates once).
@@ -53,7 +59,8 @@ using ConstBlock = Eigen::Ref<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dyna
 /// holds at least (n − n/2)·(n/2 + 8) values: each level's −C⁻¹·B·A⁻¹ passes through it after
 /// its halves are done.
 template <int Mode, typename T, int Order>
-void lower_inverse_blocks(const ConstBlock<T, Order>& L, Eigen::Ref<Dense<T>, 0, Eigen::OuterStride<>> out, T* work) {
+void lower_inverse_blocks(const ConstBlock<T, Order>& L, Eigen::Ref<Dense<T>, 0, Eigen::OuterStride<>> out, T* work,
+                          Workspace& ws) {
   const Index n = L.rows();
   if (n <= inverse_leaf) {
     out.setIdentity();
@@ -61,13 +68,13 @@ void lower_inverse_blocks(const ConstBlock<T, Order>& L, Eigen::Ref<Dense<T>, 0,
     return;
   }
   const Index h = (n / 2 + 7) / 8 * 8;  // the split on a multiple of 8: whole SIMD columns
-  lower_inverse_blocks<Mode, T, Order>(L.topLeftCorner(h, h), out.topLeftCorner(h, h), work);
-  lower_inverse_blocks<Mode, T, Order>(L.bottomRightCorner(n - h, n - h), out.bottomRightCorner(n - h, n - h), work);
+  lower_inverse_blocks<Mode, T, Order>(L.topLeftCorner(h, h), out.topLeftCorner(h, h), work, ws);
+  lower_inverse_blocks<Mode, T, Order>(L.bottomRightCorner(n - h, n - h), out.bottomRightCorner(n - h, n - h), work, ws);
   out.topRightCorner(h, n - h).setZero();
   Eigen::Map<Dense<T>> BAi(work, n - h, h);
-  matmul_into(L.bottomLeftCorner(n - h, h), out.topLeftCorner(h, h), BAi);
+  matmul_into(L.bottomLeftCorner(n - h, h), out.topLeftCorner(h, h), BAi, ws);
   auto lower_left = out.bottomLeftCorner(n - h, h);
-  matmul_into(out.bottomRightCorner(n - h, n - h), BAi, lower_left);
+  matmul_into(out.bottomRightCorner(n - h, n - h), BAi, lower_left, ws);
   lower_left = -lower_left;
 }
 }  // namespace detail
@@ -75,20 +82,22 @@ void lower_inverse_blocks(const ConstBlock<T, Order>& L, Eigen::Ref<Dense<T>, 0,
 /// out = L⁻¹ for a lower-triangular L (Mode: Eigen::Lower or Eigen::UnitLower), float or double;
 /// the strictly upper part of L is not read. `out` is resized to L's shape.
 template <int Mode = Eigen::Lower, typename Derived>
-void lower_inverse_into(const Eigen::MatrixBase<Derived>& L, detail::Dense<typename Derived::Scalar>& out) {
+void lower_inverse_into(const Eigen::MatrixBase<Derived>& L, detail::Dense<typename Derived::Scalar>& out,
+                        Workspace& ws = default_workspace()) {
   using T = typename Derived::Scalar;
   const Index n = L.rows();
   out.resize(n, n);
-  auto work = detail::scratch<T, 0>(n - n / 2, n / 2 + 8);
+  auto work = detail::InverseScratch<T>::view(ws.local<detail::InverseScratch<T>>().work, n - n / 2, n / 2 + 8);
   constexpr int order = Derived::IsRowMajor ? Eigen::RowMajor : Eigen::ColMajor;
-  detail::lower_inverse_blocks<Mode, T, order>(L, out, work.data());
+  detail::lower_inverse_blocks<Mode, T, order>(L, out, work.data(), ws);
 }
 
 /// L⁻¹ as a new matrix (see lower_inverse_into).
 template <int Mode = Eigen::Lower, typename Derived>
-detail::Dense<typename Derived::Scalar> lower_inverse(const Eigen::MatrixBase<Derived>& L) {
+detail::Dense<typename Derived::Scalar> lower_inverse(const Eigen::MatrixBase<Derived>& L,
+                                                      Workspace& ws = default_workspace()) {
   detail::Dense<typename Derived::Scalar> out;
-  lower_inverse_into<Mode>(L, out);
+  lower_inverse_into<Mode>(L, out, ws);
   return out;
 }
 
@@ -96,42 +105,45 @@ detail::Dense<typename Derived::Scalar> lower_inverse(const Eigen::MatrixBase<De
 /// lower, U upper); column j of A⁻¹ is column gather[j] of U⁻¹·L⁻¹.
 template <typename DerivedLU, typename Gather>
 void inverse_from_lu_into(const Eigen::MatrixBase<DerivedLU>& LU, const Gather& gather,
-                          detail::Dense<typename DerivedLU::Scalar>& out) {
+                          detail::Dense<typename DerivedLU::Scalar>& out, Workspace& ws = default_workspace()) {
   using T = typename DerivedLU::Scalar;
-  thread_local detail::Dense<T> Linv, UinvT;
+  auto& scratch = ws.local<detail::InverseScratch<T>>();
+  detail::Dense<T>& Linv = scratch.Linv;
+  detail::Dense<T>& UinvT = scratch.UinvT;
   const Index n = LU.rows();
-  lower_inverse_into<Eigen::UnitLower>(LU, Linv);
+  lower_inverse_into<Eigen::UnitLower>(LU, Linv, ws);
   // U⁻¹ = ((Uᵀ)⁻¹)ᵀ, Uᵀ lower-triangular; both transposes are read in place.
-  lower_inverse_into<Eigen::Lower>(LU.transpose(), UinvT);
-  auto product = detail::scratch<T, 1>(n, n);  // U⁻¹·L⁻¹, on L⁻¹'s triangle (5/8 of the dense product)
-  matmul_lower_into(UinvT.transpose(), Linv, product);
+  lower_inverse_into<Eigen::Lower>(LU.transpose(), UinvT, ws);
+  // U⁻¹·L⁻¹, on L⁻¹'s triangle (5/8 of the dense product)
+  auto product = detail::InverseScratch<T>::view(scratch.product, n, n);
+  matmul_lower_into(UinvT.transpose(), Linv, product, ws);
   out.resize(n, n);
   for (Index j = 0; j < n; ++j) out.col(j) = product.col(gather[j]);
 }
 
 /// A⁻¹ from A's LU with partial pivoting (Eigen's), P·A = L·U:  A⁻¹ = U⁻¹·L⁻¹·P.
 template <typename T>
-detail::Dense<T> inverse(const Eigen::PartialPivLU<detail::Dense<T>>& lu) {
+detail::Dense<T> inverse(const Eigen::PartialPivLU<detail::Dense<T>>& lu, Workspace& ws = default_workspace()) {
   detail::Dense<T> out;
-  inverse_from_lu_into(lu.matrixLU(), lu.permutationP().indices(), out);
+  inverse_from_lu_into(lu.matrixLU(), lu.permutationP().indices(), out, ws);
   return out;
 }
 
 /// out = A⁻¹ for a symmetric positive definite A from its Cholesky factor, A = L·Lᵀ:
 /// A⁻¹ = L⁻ᵀ·L⁻¹, exactly symmetric.
 template <typename T>
-void inverse_into(const Eigen::LLT<detail::Dense<T>>& llt, detail::Dense<T>& out) {
-  thread_local detail::Dense<T> Linv;
-  lower_inverse_into<Eigen::Lower>(llt.matrixLLT(), Linv);
+void inverse_into(const Eigen::LLT<detail::Dense<T>>& llt, detail::Dense<T>& out, Workspace& ws = default_workspace()) {
+  detail::Dense<T>& Linv = ws.local<detail::InverseScratch<T>>().Linv;
+  lower_inverse_into<Eigen::Lower>(llt.matrixLLT(), Linv, ws);
   out.resize(Linv.rows(), Linv.cols());
-  gram_into(Linv, out);
+  gram_into(Linv, out, ws);
 }
 
 /// A⁻¹ for a symmetric positive definite A as a new matrix (see inverse_into).
 template <typename T>
-detail::Dense<T> inverse(const Eigen::LLT<detail::Dense<T>>& llt) {
+detail::Dense<T> inverse(const Eigen::LLT<detail::Dense<T>>& llt, Workspace& ws = default_workspace()) {
   detail::Dense<T> out;
-  inverse_into(llt, out);
+  inverse_into(llt, out, ws);
   return out;
 }
 

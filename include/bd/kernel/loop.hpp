@@ -23,6 +23,7 @@
 #include <memory>
 #include <vector>
 
+#include "bd/base/workspace.hpp"
 #include "bd/kernel/arguments.hpp"
 #include "bd/kernel/pack.hpp"
 
@@ -154,29 +155,31 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
   }
 }
 
-/// The packing space of the calling thread's GEMMs, at least `count` values: kept between calls
-/// and never filled (packing writes every value it reads, padding included), so the many
-/// products of preparation neither zero nor fault in fresh pages each time. Grows to the
-/// largest GEMM the thread has run. Allocated before any parallel region, so nothing inside
-/// one can throw.
+/// The packing space of a thread's GEMMs, kept in its Workspace between calls and never filled
+/// (packing writes every value it reads, padding included), so the many products of
+/// preparation neither zero nor fault in fresh pages each time. Grows to the largest GEMM the
+/// thread has run. Taken before any parallel region, so nothing inside one can throw.
 template <typename T>
-T* packing_buffer(std::size_t count) {
-  thread_local std::unique_ptr<T[]> buffer;
-  thread_local std::size_t capacity = 0;
-  if (capacity < count) {
-    buffer.reset();
-    buffer.reset(new T[count]);  // default-initialised: no fill
-    capacity = count;
+struct PackingSpace {
+  std::unique_ptr<T[]> buffer;
+  std::size_t capacity = 0;
+
+  T* reserve(std::size_t count) {
+    if (capacity < count) {
+      buffer.reset();
+      buffer.reset(new T[count]);  // default-initialised: no fill
+      capacity = count;
+    }
+    return buffer.get();
   }
-  return buffer.get();
-}
+};
 
 /// The packed GEMM on one kernel. Work is split as a grid: the columns (all segments side by
 /// side) into `column_groups` equal ranges, cut anywhere, and the rows into threads /
 /// column_groups equal ranges only when the columns are too narrow to give every thread four
 /// micro-panels. A thread packs each B block of its range once, so B is packed once in all.
 template <typename Kernel, typename T, typename S>
-void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads) {
+void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads, Workspace& ws) {
   constexpr Index MR = Kernel::mr, NR = Kernel::nr;
   Index max_kc = 1, passes = 1;
   for (const auto& seg : a.segments) {
@@ -200,7 +203,7 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& blk,
   }
   const Index workers = column_groups * row_groups;
   const Index a_size = round_up(std::max<Index>(1, blk.mc), MR) * max_kc;  // ≥ the balanced mc of run_block_pass
-  T* const buffers = packing_buffer<T>(static_cast<std::size_t>((b_size + a_size) * workers));
+  T* const buffers = ws.local<PackingSpace<T>>().reserve(static_cast<std::size_t>((b_size + a_size) * workers));
 #ifdef _OPENMP
 #pragma omp parallel num_threads(static_cast<int>(workers))
 #endif

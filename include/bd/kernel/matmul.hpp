@@ -51,7 +51,7 @@ Operand<T> operand(const Eigen::MatrixBase<Derived>& m, Eigen::Matrix<T, Eigen::
 /// channel in order; lower_only: only the micro-tiles that meet the lower triangle (a Gram).
 template <typename T>
 void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Index depth, Index cols, T* out, Index ldo,
-                       bool lower_only, bool accumulate = false) {
+                       bool lower_only, bool accumulate, Workspace& ws) {
   std::vector<Index> channels(static_cast<std::size_t>(depth));
   std::iota(channels.begin(), channels.end(), Index(0));
   GemmArguments<T, T> args;
@@ -62,7 +62,7 @@ void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Ind
   args.segments.push_back({channels.data(), depth, 0, cols});
   args.lower_only = lower_only;
   args.accumulate = accumulate;
-  gemm(args);
+  gemm(args, {}, 0, ws);
 }
 
 }  // namespace detail
@@ -93,7 +93,7 @@ namespace detail {
 /// out = a·b, or out += a·b: the checks, the small products left to Eigen, the rest on the kernel.
 template <typename DerivedA, typename DerivedB, typename DerivedOut>
 void matmul_or_add(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b, Eigen::MatrixBase<DerivedOut>& out,
-                   bool accumulate) {
+                   bool accumulate, Workspace& ws) {
   using T = typename DerivedA::Scalar;
   static_assert(std::is_same_v<T, typename DerivedB::Scalar> && std::is_same_v<T, typename DerivedOut::Scalar>,
                 "matmul: one scalar type");
@@ -110,23 +110,24 @@ void matmul_or_add(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase
   }
   Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
   const Operand<T> x = operand(a, a_storage), y = operand(b, b_storage);
-  product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false, accumulate);
+  product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false, accumulate, ws);
 }
 }  // namespace detail
 
 /// out = a·b (a: L×K, b: K×N; column-major out, any operands) on the dispatched kernel. On up
-/// to omp_get_max_threads() threads, one inside a parallel region (preparation's per-head loops).
+/// to omp_get_max_threads() threads, one inside a parallel region (preparation's per-head loops);
+/// the packing space is the calling thread's in `ws`.
 template <typename DerivedA, typename DerivedB, typename DerivedOut>
 void matmul_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b,
-                 Eigen::MatrixBase<DerivedOut>& out) {
-  detail::matmul_or_add(a, b, out, false);
+                 Eigen::MatrixBase<DerivedOut>& out, Workspace& ws = default_workspace()) {
+  detail::matmul_or_add(a, b, out, false, ws);
 }
 
 /// out += a·b, as matmul_into (the kernel's accumulators start from out's values).
 template <typename DerivedA, typename DerivedB, typename DerivedOut>
 void matmul_add_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b,
-                     Eigen::MatrixBase<DerivedOut>& out) {
-  detail::matmul_or_add(a, b, out, true);
+                     Eigen::MatrixBase<DerivedOut>& out, Workspace& ws = default_workspace()) {
+  detail::matmul_or_add(a, b, out, true, ws);
 }
 
 namespace detail {
@@ -137,7 +138,7 @@ namespace detail {
 /// the skipped terms are exact zeros: the result is the dense product's.
 template <int Mode, typename DerivedA, typename DerivedT, typename DerivedOut>
 void matmul_triangular_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedT>& t,
-                            Eigen::MatrixBase<DerivedOut>& out) {
+                            Eigen::MatrixBase<DerivedOut>& out, Workspace& ws) {
   static_assert(Mode == Eigen::Upper || Mode == Eigen::Lower, "matmul_triangular_into: Upper or Lower");
   const Index n = t.cols();
   if (t.rows() != n || a.cols() != n || out.rows() != a.rows() || out.cols() != n)
@@ -148,7 +149,7 @@ void matmul_triangular_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::M
     const Index w = std::min(width, n - c0);
     const Index k0 = Mode == Eigen::Upper ? 0 : c0, k1 = Mode == Eigen::Upper ? c0 + w : n;
     auto block = out.middleCols(c0, w);
-    matmul_into(a.middleCols(k0, k1 - k0), t.block(k0, c0, k1 - k0, w), block);
+    matmul_into(a.middleCols(k0, k1 - k0), t.block(k0, c0, k1 - k0, w), block, ws);
   }
 }
 }  // namespace detail
@@ -157,16 +158,16 @@ void matmul_triangular_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::M
 /// the diagonal blocks are read), at 5/8 of the dense product's cost (detail::matmul_triangular_into).
 template <typename DerivedA, typename DerivedU, typename DerivedOut>
 void matmul_upper_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedU>& u,
-                       Eigen::MatrixBase<DerivedOut>& out) {
-  detail::matmul_triangular_into<Eigen::Upper>(a, u, out);
+                       Eigen::MatrixBase<DerivedOut>& out, Workspace& ws = default_workspace()) {
+  detail::matmul_triangular_into<Eigen::Upper>(a, u, out, ws);
 }
 
 /// out = a·l for a lower-triangular l (N×N; entries above the diagonal must be zero: those in
 /// the diagonal blocks are read), at 5/8 of the dense product's cost.
 template <typename DerivedA, typename DerivedL, typename DerivedOut>
 void matmul_lower_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedL>& l,
-                       Eigen::MatrixBase<DerivedOut>& out) {
-  detail::matmul_triangular_into<Eigen::Lower>(a, l, out);
+                       Eigen::MatrixBase<DerivedOut>& out, Workspace& ws = default_workspace()) {
+  detail::matmul_triangular_into<Eigen::Lower>(a, l, out, ws);
 }
 
 /// out = aᵀ·a (a: K×N, out: N×N), exactly symmetric: the dispatched kernel computes only the
@@ -175,7 +176,7 @@ void matmul_lower_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::Matrix
 /// time) and the strict upper triangle is copied from it. Small products go to Eigen like
 /// matmul_into's. `a` is read in place (a transposed operand too).
 template <typename Derived, typename DerivedOut>
-void gram_into(const Eigen::MatrixBase<Derived>& a, Eigen::MatrixBase<DerivedOut>& out) {
+void gram_into(const Eigen::MatrixBase<Derived>& a, Eigen::MatrixBase<DerivedOut>& out, Workspace& ws = default_workspace()) {
   using T = typename Derived::Scalar;
   static_assert(std::is_same_v<T, typename DerivedOut::Scalar>, "gram: one scalar type");
   static_assert(!DerivedOut::IsRowMajor && detail::directly_readable_v<DerivedOut>,
@@ -191,7 +192,7 @@ void gram_into(const Eigen::MatrixBase<Derived>& a, Eigen::MatrixBase<DerivedOut
     Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> storage;
     const detail::Operand<T> y = detail::operand(a, storage);
     const detail::Operand<T> x{y.data, y.ld, !y.row_major};  // aᵀ: the same storage read in the other order
-    detail::product_on_kernel(x, y, n, a.rows(), n, out.derived().data(), out.outerStride(), true);
+    detail::product_on_kernel(x, y, n, a.rows(), n, out.derived().data(), out.outerStride(), true, false, ws);
   }
   for (Index j = 1; j < n; ++j)
     for (Index i = 0; i < j; ++i) out(i, j) = out(j, i);
@@ -199,18 +200,20 @@ void gram_into(const Eigen::MatrixBase<Derived>& a, Eigen::MatrixBase<DerivedOut
 
 /// aᵀ·a as a new column-major matrix (see gram_into).
 template <typename Derived>
-Eigen::Matrix<typename Derived::Scalar, Eigen::Dynamic, Eigen::Dynamic> gram(const Eigen::MatrixBase<Derived>& a) {
+Eigen::Matrix<typename Derived::Scalar, Eigen::Dynamic, Eigen::Dynamic> gram(const Eigen::MatrixBase<Derived>& a,
+                                                                          Workspace& ws = default_workspace()) {
   Eigen::Matrix<typename Derived::Scalar, Eigen::Dynamic, Eigen::Dynamic> out(a.cols(), a.cols());
-  gram_into(a, out);
+  gram_into(a, out, ws);
   return out;
 }
 
 /// a·b as a new column-major matrix.
 template <typename DerivedA, typename DerivedB>
 Eigen::Matrix<typename DerivedA::Scalar, Eigen::Dynamic, Eigen::Dynamic> matmul(const Eigen::MatrixBase<DerivedA>& a,
-                                                                              const Eigen::MatrixBase<DerivedB>& b) {
+                                                                              const Eigen::MatrixBase<DerivedB>& b,
+                                                                              Workspace& ws = default_workspace()) {
   Eigen::Matrix<typename DerivedA::Scalar, Eigen::Dynamic, Eigen::Dynamic> out(a.rows(), b.cols());
-  matmul_into(a, b, out);
+  matmul_into(a, b, out, ws);
   return out;
 }
 

@@ -82,18 +82,18 @@ public:
   }
 
   /// out = A⁻¹, by blocked triangular inverses on the GEMM (inverse.hpp); nothing allocated
-  /// once `out` and the thread's scratch have this size.
-  void inverse_into(Matrix& out) const {
+  /// once `out` and the thread's scratch in `ws` have this size.
+  void inverse_into(Matrix& out, Workspace& ws = default_workspace()) const {
     const Index n = size();
     gather_.resize(static_cast<std::size_t>(n));  // column j of L⁻¹·P: column gather[j] of L⁻¹
     for (Index i = 0; i < n; ++i) gather_[static_cast<std::size_t>(perm_[static_cast<std::size_t>(i)])] = i;
-    inverse_from_lu_into(matrixLU(), gather_, out);
+    inverse_from_lu_into(matrixLU(), gather_, out, ws);
   }
 
   /// A⁻¹ as a new matrix (see inverse_into).
-  Matrix inverse() const {
+  Matrix inverse(Workspace& ws = default_workspace()) const {
     Matrix out;
-    inverse_into(out);
+    inverse_into(out, ws);
     return out;
   }
 

@@ -32,6 +32,7 @@
 
 #include "bd/core/decompose.hpp"
 #include "bd/base/error.hpp"
+#include "bd/base/workspace.hpp"
 #include "bd/kernel/gemm.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_core.hpp"
@@ -103,8 +104,9 @@ public:
   BDAttention() = default;
 
   /// Prepares from a dense layer (any stored type), in double; weights are rounded once to S.
+  /// Preparation's scratch memory is kept in `ws` for the next layer's (base/workspace.hpp).
   template <typename T>
-  static BDAttention prepare(const MultiHeadAttention<T>& dense, const BDAttentionOptions& opts = {}) {
+  static BDAttention prepare(const MultiHeadAttention<T>& dense, const BDAttentionOptions& opts, Workspace& ws) {
     BDAttention out;
     out.config_ = dense.config();
     out.mode_ = opts.mode;
@@ -131,20 +133,27 @@ public:
     out.d_q_ = detail::query_input_dim(w);
     out.d_kv_in_ = w.W_dkv.size() ? w.W_dkv.rows() : w.Wk.rows();
     if (has_qk(opts.mode)) {
-      out.prepare_qk(w, opts.decomposition);
+      out.prepare_qk(w, opts.decomposition, ws);
       out.dense_.Wq.resize(0, 0);
       out.dense_.Wk.resize(0, 0);
       out.dense_.bq.resize(0);
       out.dense_.bk.resize(0);
     }
     if (has_vo(opts.mode)) {
-      out.prepare_vo(w, opts.decomposition);
+      out.prepare_vo(w, opts.decomposition, ws);
       out.dense_.Wv.resize(0, 0);
       out.dense_.Wo.resize(0, 0);
       out.dense_.bv.resize(0);
       out.dense_.bo.resize(0);
     }
     return out;
+  }
+
+  /// The same with scratch memory of its own, freed on return.
+  template <typename T>
+  static BDAttention prepare(const MultiHeadAttention<T>& dense, const BDAttentionOptions& opts = {}) {
+    Workspace ws;
+    return prepare(dense, opts, ws);
   }
 
   /// Rebuilds a prepared layer from stored tensors (a BD checkpoint): `rest` holds what BD left
@@ -413,7 +422,7 @@ private:
     return r;
   }
 
-  void prepare_qk(const AttentionWeights<double>& w, bd::Options opts) {
+  void prepare_qk(const AttentionWeights<double>& w, bd::Options opts, Workspace& ws) {
     const AttentionConfig& c = config_;
     const Index dh = c.head_dim, d_kv = w.Wk.rows();
     std::vector<Eigen::MatrixXd> Us, Vs;
@@ -423,7 +432,7 @@ private:
       Vs.push_back(w.Wk.middleCols(g * dh, dh));
     }
     opts.side = bd::Side::Col;  // C on the key side: K' = z[S] + z[R]·Cᵀ
-    const auto set = bd::decompose_shared<S>(Us, Vs, opts);
+    const auto set = bd::decompose_shared<S>(Us, Vs, opts, ws);
     qk_idx_ = HeadIndices::of(set, d_kv);
     qk_report_ = summarise(set, qk_idx_);
     Bq_.resize(w.Wq.rows(), c.n_q * dh);
@@ -441,7 +450,7 @@ private:
     if (w.bq.size()) beta_ = round_matrix<S>(beta);
   }
 
-  void prepare_vo(const AttentionWeights<double>& w, bd::Options opts) {
+  void prepare_vo(const AttentionWeights<double>& w, bd::Options opts, Workspace& ws) {
     const AttentionConfig& c = config_;
     const Index dv = c.value_dim(), d_kv = w.Wv.rows();
     std::vector<Eigen::MatrixXd> Us, Vs;
@@ -451,7 +460,7 @@ private:
       Vs.push_back(w.Wo.middleRows(h * dv, dv).transpose());
     }
     opts.side = bd::Side::Row;  // C on the value side: V' = z[S] + z[R]·C
-    const auto set = bd::decompose_shared<S>(Us, Vs, opts);
+    const auto set = bd::decompose_shared<S>(Us, Vs, opts, ws);
     vo_idx_ = HeadIndices::of(set, d_kv);
     vo_report_ = summarise(set, vo_idx_);
     Cv_.resize(d_kv - dv, c.n_q * dv);

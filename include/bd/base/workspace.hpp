@@ -1,0 +1,93 @@
+// bd/base/workspace.hpp — the scratch memory of bd's computations, owned by the caller.
+//
+// Preparation runs many products of one shape (864 for DeepSeek-V2-Lite), each needing a few
+// megabytes of intermediates: blocks of r×n and (m−r)×r, r×r inverses, the GEMM's packing
+// space. Allocating them afresh for every product costs more than some of the products: blocks
+// at or above glibc's mmap threshold (128 KiB: an r×r double at r = 128) are mapped, faulted in
+// and zeroed by the kernel each time. A Workspace keeps them instead, the way LAPACK takes a
+// `work` array and BLIS keeps memory pools: each thread that computes for it gets its own
+// arena, in which each stage keeps one instance of its scratch type (the fit's buffers, the
+// GEMM's packing space, an inverse's blocks), reused by every later call of that stage on that
+// thread. Everything is freed when the Workspace goes (or release() is called).
+//
+//   bd::Workspace ws;                      // one per program, or per worker
+//   auto q = bd::decompose_shared<Eigen::half>(Us, Vs, opts, ws);   // reuses ws's buffers
+//
+// A stage reads its buffers as `ws.local<Scratch>()`: the calling thread's Scratch, default-
+// constructed on first use. Scratch types are named for the stage that owns them; two stages
+// never share one, so a stage may call another while holding its own buffers.
+//
+// Functions that take no Workspace use default_workspace(), one per process: the kernels' GEMMs
+// called from layers at inference, for instance, keep their packing space there.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace bd {
+
+class Workspace {
+public:
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  /// The calling thread's instance of Scratch, default-constructed on its first use. The
+  /// reference stays valid until release() or the Workspace's end.
+  template <typename Scratch>
+  Scratch& local() {
+    Arena& arena = arena_of_this_thread();
+    const void* key = &type_key<Scratch>;
+    for (auto& slot : arena)
+      if (slot.key == key) return *static_cast<Scratch*>(slot.object.get());
+    arena.push_back(Slot{key, Owned(new Scratch(), [](void* p) { delete static_cast<Scratch*>(p); })});
+    return *static_cast<Scratch*>(arena.back().object.get());
+  }
+
+  /// Frees every buffer of every thread. Not while a computation is using this workspace.
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    arenas_.clear();
+  }
+
+  /// Threads that have scratch here.
+  std::size_t threads() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return arenas_.size();
+  }
+
+private:
+  template <typename Scratch>
+  static constexpr char type_key = 0;  // one address per scratch type, without RTTI
+
+  using Owned = std::unique_ptr<void, void (*)(void*)>;
+  struct Slot {
+    const void* key;
+    Owned object;
+  };
+  using Arena = std::vector<Slot>;
+
+  Arena& arena_of_this_thread() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& arena = arenas_[std::this_thread::get_id()];
+    if (!arena) arena = std::make_unique<Arena>();
+    return *arena;  // only this thread reads or grows it; the map never moves it
+  }
+
+  mutable std::mutex mutex_;
+  std::unordered_map<std::thread::id, std::unique_ptr<Arena>> arenas_;
+};
+
+/// The process's workspace, used by every bd function not given one. Its buffers last until
+/// the process ends or default_workspace().release() (with no bd computation running).
+inline Workspace& default_workspace() {
+  static Workspace workspace;
+  return workspace;
+}
+
+}  // namespace bd
