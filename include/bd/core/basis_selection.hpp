@@ -183,14 +183,16 @@ inline constexpr double float_pivot_ratio = 1e-3;
 /// independent rows of W (Businger–Golub), returned ascending. On the CPU's vectors
 /// (kernel/pivoted_qr.hpp), their buffers kept in the Workspace: this runs for every product.
 struct PivotScratch {
+  Eigen::MatrixXd Ft;  // the row geometry, transposed
   bd::kernel::ColumnPivots<float> in_float;
   bd::kernel::ColumnPivots<double> in_double;
 };
 
 inline std::vector<Index> pivoted_indices(const FactoredProduct& p, Workspace& ws) {
-  const Eigen::MatrixXd Ft = row_geometry_transposed(p, ws);
-  const Index r = p.r();
   PivotScratch& scratch = ws.local<PivotScratch>();
+  Eigen::MatrixXd& Ft = scratch.Ft;
+  row_geometry_transposed(p, Ft, ws);
+  const Index r = p.r();
   bd::kernel::ColumnPivots<float>& in_float = scratch.in_float;
   bd::kernel::ColumnPivots<double>& in_double = scratch.in_double;
   in_float.compute(Ft, r);

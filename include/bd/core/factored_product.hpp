@@ -173,20 +173,29 @@ struct FactoredSet {
   std::vector<FactoredProduct> products;
 };
 
-/// Fᵀ (r×m), where the rows of the m×r matrix F are isometric to the rows of W: W_i·W_jᵀ = F_i·F_jᵀ.
-/// With VᵀV = L·Lᵀ (Cholesky), F = U·L; when VᵀV is singular (a rank-deficient V), with
-/// VᵀV = E·Λ·Eᵀ (symmetric eigendecomposition, Λ ≥ 0), F = U·E·Λ^½. Used to pivot in W's own
-/// geometry without forming W: pivoting reads only F·Fᵀ, which both forms equal. Formed as
+/// Fᵀ (r×m) into Ft, where the rows of the m×r matrix F are isometric to the rows of W:
+/// W_i·W_jᵀ = F_i·F_jᵀ. With VᵀV = L·Lᵀ (Cholesky), F = U·L; when VᵀV is singular (a rank-deficient
+/// V), with VᵀV = E·Λ·Eᵀ (symmetric eigendecomposition, Λ ≥ 0), F = U·E·Λ^½. Used to pivot in W's
+/// own geometry without forming W: pivoting reads only F·Fᵀ, which both forms equal. Formed as
 /// Lᵀ·Uᵀ, so that each row of F is a contiguous column, as QR with column pivoting reads them.
-inline Eigen::MatrixXd row_geometry_transposed(const FactoredProduct& p, Workspace& ws) {
-  const Eigen::LLT<Eigen::MatrixXd> llt(p.G);
-  if (llt.info() == Eigen::Success && llt.rcond() > 1e-12) {
-    const Eigen::MatrixXd Lt = llt.matrixU();
-    return bd::kernel::matmul(Lt, p.U.transpose(), ws);
+/// The Cholesky factor and Lᵀ are the thread's GeometryScratch.
+struct GeometryScratch {
+  Eigen::LLT<Eigen::MatrixXd> llt;
+  Eigen::MatrixXd Lt;
+};
+
+inline void row_geometry_transposed(const FactoredProduct& p, Eigen::MatrixXd& Ft, Workspace& ws) {
+  GeometryScratch& scratch = ws.local<GeometryScratch>();
+  scratch.llt.compute(p.G);
+  Ft.resize(p.r(), p.m());
+  if (scratch.llt.info() == Eigen::Success && scratch.llt.rcond() > 1e-12) {
+    scratch.Lt = scratch.llt.matrixU();
+    bd::kernel::matmul_into(scratch.Lt, p.U.transpose(), Ft, ws);
+    return;
   }
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(p.G);
   const Eigen::VectorXd scale = eig.eigenvalues().array().max(0.0).sqrt();
-  return scale.asDiagonal() * (eig.eigenvectors().transpose() * p.U.transpose());
+  Ft = scale.asDiagonal() * (eig.eigenvectors().transpose() * p.U.transpose());
 }
 
 }  // namespace bd::detail

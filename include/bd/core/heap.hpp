@@ -1,15 +1,16 @@
 // bd/core/heap.hpp — opt-in: keep freed heap memory in the process while preparing many products.
 //
-// Preparing a product allocates and frees a few megabytes of Eigen temporaries (r×r and r×n
-// blocks of 128 KiB and more). glibc hands such blocks back to the kernel as soon as they are
-// freed — blocks above M_MMAP_THRESHOLD at once (munmap), the heap's top once more than
-// M_TRIM_THRESHOLD of it is free (brk) — so the next product faults the same pages back in, zeroed
-// by the kernel. Measured on DeepSeek-V2-Lite's 864 products (`strace -c`, one thread): 1 756
-// munmap, 1 809 mmap and 8 862 brk calls. keep_freed_heap() raises both thresholds so freed
-// blocks stay with the process and are reused. It changes the allocator of the whole process
-// (mallopt), so bd never calls it on its own: a program opts in, as bd-convert does. Memory is
-// then returned only when the process ends; peak use is unchanged (freed blocks are reused, not
-// added to).
+// Preparation's scratch lives in the caller's bd::Workspace (base/workspace.hpp) and is reused,
+// but its results cannot be: each product's stored B and C (512 KiB and 96 KiB in half for a
+// DeepSeek-V2-Lite head) are new allocations the caller owns, and the previous layer's are
+// freed. glibc hands such blocks back to the kernel as soon as they are freed — blocks above
+// M_MMAP_THRESHOLD at once (munmap), the heap's top once more than M_TRIM_THRESHOLD of it is
+// free — so the next layer's results are faulted in again, zeroed by the kernel (about 5 % of
+// DeepSeek-V2-Lite's preparation, measured with glibc's equivalent tunables). keep_freed_heap()
+// raises both thresholds so freed blocks stay with the process and are reused. It changes the
+// allocator of the whole process (mallopt), so bd never calls it on its own: a program opts in,
+// as bd-convert does. Memory is then returned only when the process ends; peak use is unchanged
+// (freed blocks are reused, not added to).
 #pragma once
 
 #if defined(__GLIBC__)

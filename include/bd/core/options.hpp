@@ -8,10 +8,10 @@
 #include <Eigen/Core>
 
 #include "bd/base/error.hpp"
+#include "bd/base/index.hpp"
 
 namespace bd {
 
-using Index = Eigen::Index;
 
 /// Which form of the identity is built.
 ///  - Row:    W = P·[I; C]·B, B the r basis rows of W (r×n), C is (m−r)×r.

@@ -14,9 +14,11 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/index.hpp"
+
 namespace bd::kernel {
 
-using Index = Eigen::Index;
+using bd::Index;
 
 /// Cache blocking. mc rows of X per packed A block at most (a thread's rows are cut into equal
 /// blocks of whole micro-tiles, so no block ends in a mostly empty tile), kc of the K dimension

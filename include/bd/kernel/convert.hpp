@@ -20,6 +20,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/index.hpp"
 #include "bd/kernel/cpu.hpp"
 
 #ifdef BD_KERNEL_X86
@@ -28,7 +29,7 @@
 
 namespace bd::kernel {
 
-using Index = Eigen::Index;
+using bd::Index;
 
 namespace detail {
 

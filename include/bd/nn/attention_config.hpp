@@ -18,13 +18,14 @@
 #include <Eigen/Core>
 
 #include "bd/base/error.hpp"
+#include "bd/base/index.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/core/validate.hpp"
 #include "bd/nn/rope.hpp"
 
 namespace bd::nn {
 
-using Index = Eigen::Index;
+using bd::Index;
 
 struct AttentionConfig {
   Index n_q = 1;            ///< query heads

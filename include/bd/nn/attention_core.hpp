@@ -12,13 +12,14 @@
 #include <Eigen/Core>
 
 #include "bd/base/error.hpp"
+#include "bd/base/index.hpp"
 #include "bd/core/validate.hpp"
 #include "bd/kernel/flash_attention.hpp"
 #include "bd/nn/rope.hpp"
 
 namespace bd::nn {
 
-using Index = Eigen::Index;
+using bd::Index;
 
 template <typename A>
 using MatrixA = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic>;

@@ -31,10 +31,11 @@
 #include <Eigen/Core>
 
 #include "bd/base/error.hpp"
+#include "bd/base/index.hpp"
 
 namespace bd::nn {
 
-using Index = Eigen::Index;
+using bd::Index;
 
 enum class RopeType { standard, linear, dynamic, llama3, yarn };
 

@@ -17,12 +17,13 @@
 #include <Eigen/Core>
 
 #include "bd/base/error.hpp"
+#include "bd/base/index.hpp"
 #include "bd/nn/dense_linear.hpp"
 #include "bd/nn/gradients.hpp"
 
 namespace bd::train {
 
-using Index = Eigen::Index;
+using bd::Index;
 template <typename T>
 using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
 template <typename T>

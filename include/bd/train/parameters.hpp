@@ -11,11 +11,12 @@
 #include <Eigen/Core>
 
 #include "bd/base/error.hpp"
+#include "bd/base/index.hpp"
 #include "bd/nn/gradients.hpp"
 
 namespace bd::train {
 
-using Index = Eigen::Index;
+using bd::Index;
 
 template <typename S>
 class ParameterSet {
