@@ -10,23 +10,12 @@
 
 #include <bd/bd.hpp>
 
-#include <bd/nn/synthetic_deepseek.hpp>
+#include "deepseek_layers.hpp"
 
 namespace {
 
-const std::vector<bd::synthetic::AttentionLayerFactors>& v2_lite() {
-  static const auto layers = [] {
-    std::vector<bd::synthetic::AttentionLayerFactors> out;
-    for (int l = 0; l < bd::synthetic::DeepSeekV2Lite::layers; ++l) out.push_back(bd::synthetic::synthetic_layer(l));
-    return out;
-  }();
-  return layers;
-}
-
-const std::vector<bd::synthetic::AttentionLayerFactors>& v3_layer() {
-  static const std::vector<bd::synthetic::AttentionLayerFactors> layers{bd::synthetic::synthetic_v3_layer(0)};
-  return layers;
-}
+using bd_bench::v2_lite_layers;
+using bd_bench::v3_layer;
 
 template <typename Scalar>
 void prepare(benchmark::State& state, const std::vector<bd::synthetic::AttentionLayerFactors>& layers, bd::Basis basis,
@@ -67,14 +56,14 @@ void register_all() {
   for (const auto& [name, basis] : strategies) {
     const bd::Basis b = basis;
     benchmark::RegisterBenchmark((std::string("prepare/") + name + "/deepseek-v2-lite").c_str(),
-                                 [b](benchmark::State& s) { prepare<Eigen::half>(s, v2_lite(), b, 1); })
+                                 [b](benchmark::State& s) { prepare<Eigen::half>(s, v2_lite_layers(), b, 1); })
         ->Unit(benchmark::kSecond)
         ->Iterations(1);
   }
   for (const auto& [name, basis] : strategies) {
     const bd::Basis b = basis;
     benchmark::RegisterBenchmark((std::string("prepare-f32/") + name + "/deepseek-v2-lite").c_str(),
-                                 [b](benchmark::State& s) { prepare<float>(s, v2_lite(), b, 1); })
+                                 [b](benchmark::State& s) { prepare<float>(s, v2_lite_layers(), b, 1); })
         ->Unit(benchmark::kSecond)
         ->Iterations(1);
   }

@@ -26,7 +26,7 @@
 #include <bd/kernel/matmul.hpp>
 #include <bd/kernel/pivoted_qr.hpp>
 #include <bd/kernel/small_lu.hpp>
-#include <bd/nn/synthetic_deepseek.hpp>
+#include "deepseek_layers.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -37,15 +37,6 @@ namespace {
 using Eigen::MatrixXd;
 using Eigen::MatrixXf;
 using bd::Index;
-
-const std::vector<bd::synthetic::AttentionLayerFactors>& layers() {
-  static const auto out = [] {
-    std::vector<bd::synthetic::AttentionLayerFactors> v;
-    for (int l = 0; l < bd::synthetic::DeepSeekV2Lite::layers; ++l) v.push_back(bd::synthetic::synthetic_layer(l));
-    return v;
-  }();
-  return out;
-}
 
 /// One thread's operands and results, at the shapes of one product (row form: U m×r, V n×r).
 struct Scratch {
@@ -169,7 +160,7 @@ void floor(benchmark::State& state, Ranking ranking) {
   double factor_s = 0, score_s = 0, fit_s = 0, error_s = 0;
   for (auto _ : state) {
     factor_s = score_s = fit_s = error_s = 0;
-    for (const auto& layer : layers()) {
+    for (const auto& layer : bd_bench::v2_lite_layers()) {
       for (int side = 0; side < 2; ++side) {  // QK (basis side uk, n-side q), then VO (uv, o)
         const auto& Us = side == 0 ? layer.uk : layer.uv;
         const auto& Vs = side == 0 ? layer.q : layer.o;
@@ -191,7 +182,7 @@ void floor(benchmark::State& state, Ranking ranking) {
       }
     }
   }
-  state.counters["products"] = 2.0 * layers().size() * layers().front().q.size();
+  state.counters["products"] = 2.0 * bd_bench::v2_lite_layers().size() * bd_bench::v2_lite_layers().front().q.size();
   state.counters["factor_s"] = factor_s;
   state.counters["score_s"] = score_s;
   state.counters["fit_s"] = fit_s;
