@@ -1,6 +1,6 @@
-// bd::kernel's blocked inverses (preparation's r×r blocks) are inverses to the accuracy of a
-// backward-stable solve: ‖A·A⁻¹ − I‖ ≤ c·n·u·κ(A), across the recursion's leaf size and odd
-// splits, on every micro-kernel this CPU runs.
+// bd::kernel's inverses (preparation's r×r blocks) are inverses to the accuracy of a
+// backward-stable solve: ‖A·A⁻¹ − I‖ ≤ c·n·u·κ(A), at sizes on and off the row-wise triangular
+// inverse's blocks of 4 rows and its 16-wide rows, on every micro-kernel this CPU runs.
 #include <cmath>
 
 #include <bd/kernel/inverse.hpp>
@@ -24,7 +24,7 @@ double scaled_residual(const Eigen::MatrixXd& A, const Eigen::MatrixXd& inv,
 
 }  // namespace
 
-TEST_CASE("inverse from an LU and from a Cholesky factor, blocked on the kernel", "[kernel][inverse]") {
+TEST_CASE("inverse from an LU and from a Cholesky factor, on the kernel", "[kernel][inverse]") {
   bd_test::for_each_isa([] {
     for (Eigen::Index n : {1, 5, 24, 25, 48, 49, 97, 128, 131, 200}) {
       INFO("n = " << n);
@@ -60,18 +60,33 @@ TEST_CASE("inverse in float (window ranking) is as stable as in double, at float
 }
 
 TEST_CASE("lower-triangular inverse reads only the lower triangle", "[kernel][inverse]") {
-  const Eigen::Index n = 150;
-  Eigen::MatrixXd L = bd_test::gaussian(n, n, 3);
-  L.diagonal().array() += 20.0;  // well conditioned
-  Eigen::MatrixXd garbage = L;
-  garbage.triangularView<Eigen::StrictlyUpper>().setConstant(1e300);
-  const Eigen::MatrixXd lower = L.triangularView<Eigen::Lower>();
-  const Eigen::MatrixXd inv = bd::kernel::lower_inverse(garbage);
-  CHECK(scaled_residual(lower, inv) < 16);
-  CHECK(inv.triangularView<Eigen::StrictlyUpper>().toDenseMatrix().isZero(0));
-  const Eigen::MatrixXd unit_inv = bd::kernel::lower_inverse<Eigen::UnitLower>(garbage);
-  const Eigen::MatrixXd unit = Eigen::MatrixXd(L.triangularView<Eigen::UnitLower>());
-  CHECK(scaled_residual(unit, unit_inv) < 16);
+  // Sizes around the kernel's blocks of 4 rows and its rows' 16-value chunks, in both types.
+  bd_test::for_each_isa([] {
+    for (Eigen::Index n : {1, 2, 3, 4, 5, 15, 16, 17, 33, 150}) {
+      INFO("n = " << n);
+      Eigen::MatrixXd L = bd_test::gaussian(n, n, unsigned(n) + 3);
+      L.diagonal().array() += 3.0 * std::sqrt(double(n)) + 1.0;  // well conditioned
+      Eigen::MatrixXd garbage = L;
+      garbage.triangularView<Eigen::StrictlyUpper>().setConstant(1e300);
+      const Eigen::MatrixXd lower = L.triangularView<Eigen::Lower>();
+      const Eigen::MatrixXd inv = bd::kernel::lower_inverse(garbage);
+      CHECK(scaled_residual(lower, inv) < 16);
+      CHECK(inv.triangularView<Eigen::StrictlyUpper>().toDenseMatrix().isZero(0));
+      const Eigen::MatrixXd unit_inv = bd::kernel::lower_inverse<Eigen::UnitLower>(garbage);
+      const Eigen::MatrixXd unit = Eigen::MatrixXd(L.triangularView<Eigen::UnitLower>());
+      CHECK(scaled_residual(unit, unit_inv) < 16);
+      CHECK(unit_inv.diagonal().isOnes(0));
+
+      const Eigen::MatrixXf inv_f = bd::kernel::lower_inverse(Eigen::MatrixXf(garbage.cast<float>()));
+      CHECK(scaled_residual(lower, inv_f.cast<double>(), Eigen::NumTraits<float>::epsilon()) < 16);
+      CHECK(inv_f.triangularView<Eigen::StrictlyUpper>().toDenseMatrix().isZero(0));
+    }
+  });
+}
+
+TEST_CASE("lower-triangular inverse of a non-square or empty matrix", "[kernel][inverse]") {
+  CHECK_THROWS_AS(bd::kernel::lower_inverse(Eigen::MatrixXd::Identity(4, 3)), bd::ShapeError);
+  CHECK(bd::kernel::lower_inverse(Eigen::MatrixXd(0, 0)).size() == 0);
 }
 
 TEST_CASE("inverses into reused storage: transposed operands read in place, any order of sizes", "[kernel][inverse]") {

@@ -1,15 +1,13 @@
-// bd/kernel/inverse.hpp — explicit inverses of small factored matrices, built on the GEMM.
+// bd/kernel/inverse.hpp — explicit inverses of small factored matrices, on the CPU's vectors.
 //
 // Preparation inverts r×r blocks (r = d_h, 64…192): the basis block Q_S for C = Q_R·Q_S⁻¹,
-// the Gram B̂B̂ᵀ of the refit, R of the Cholesky QR. Eigen's solve against an identity treats
-// the identity as a dense right-hand side (2r³ flops at the build's SIMD width, SSE2 without
-// -march). A triangular inverse by 2×2 blocks,
-//
-//     [A 0; B C]⁻¹ = [A⁻¹ 0; −C⁻¹·B·A⁻¹  C⁻¹],
-//
-// needs r³/3 flops, nearly all in the two off-diagonal products, which run on the dispatched
-// kernel (matmul.hpp). It is as accurate as the triangular solve: the same substitutions, in
-// another order (Du Croz & Higham, 1992).
+// the Gram B̂B̂ᵀ of the refit, R of the Cholesky QR, and ranking's window blocks. Eigen's solve
+// against an identity treats the identity as a dense right-hand side (2r³ flops at the build's
+// SIMD width, SSE2 without -march). A triangular inverse is r³/6 multiply-adds by forward
+// substitution against the identity, row by row, each row of L⁻¹ a combination of the rows
+// above it (micro_kernel_simd.inc's lower_inverse_rows, along AVX-512 or AVX2 vectors); an
+// inverse from an LU is U⁻¹·L⁻¹ (the product on the dispatched GEMM, matmul.hpp), from a
+// Cholesky factor L⁻ᵀ·L⁻¹ (a Gram). Both are as accurate as the triangular solves.
 //
 // The `_into` forms write into the caller's matrix and keep their scratch in the caller's
 // Workspace (InverseScratch): they run once or twice per product of a preparation, and a fresh
@@ -23,21 +21,18 @@
 #include <Eigen/Core>
 #include <Eigen/LU>
 
+#include "bd/base/error.hpp"
 #include "bd/base/workspace.hpp"
+#include "bd/kernel/cpu.hpp"
 #include "bd/kernel/matmul.hpp"
 
 namespace bd::kernel {
 
 namespace detail {
-/// Blocks this small are inverted by Eigen's substitution directly (its substitution runs at
-/// the build's SIMD width: r = 128 inverts in 30 µs in float with leaves of ≤ 24, 35 µs with
-/// ≤ 48, 99 µs unblocked, measured on Zen 4 in the default build).
-inline constexpr Index inverse_leaf = 24;
-
 template <typename T>
 using Dense = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
 
-/// A thread's scratch for the inverses below, in its Workspace: the recursion's work block,
+/// A thread's scratch for the inverses below, in its Workspace: the triangular inverse's rows,
 /// the two triangular inverses of an LU and their product (contents not kept between calls).
 template <typename T>
 struct InverseScratch {
@@ -50,46 +45,39 @@ struct InverseScratch {
   }
 };
 
-/// A read-only block of either storage order, viewed without a copy (one type per order, so
-/// that the recursion below instantiates once).
-template <typename T, int Order>
-using ConstBlock = Eigen::Ref<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0, Eigen::OuterStride<>>;
-
-/// out = L⁻¹ (n×n, column-major, any leading dimension), the strict upper part zero. `work`
-/// holds at least (n − n/2)·(n/2 + 8) values: each level's −C⁻¹·B·A⁻¹ passes through it after
-/// its halves are done.
-template <int Mode, typename T, int Order>
-void lower_inverse_blocks(const ConstBlock<T, Order>& L, Eigen::Ref<Dense<T>, 0, Eigen::OuterStride<>> out, T* work,
-                          Workspace& ws) {
-  const Index n = L.rows();
-  if (n <= inverse_leaf) {
-    out.setIdentity();
-    L.template triangularView<Mode>().solveInPlace(out);
-    return;
+/// lower_inverse_rows (micro_kernel_simd.inc) on the instruction set the program runs on.
+template <typename T>
+void lower_inverse_on_kernel(const T* L, Index rs, Index cs, Index n, bool unit, T* work, Index ld, T* out, Index ldo) {
+#ifdef BD_KERNEL_X86
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    const Isa isa = active_isa();
+    if (isa == Isa::avx512) return Avx512Kernel<T>::lower_inverse_rows(L, rs, cs, n, unit, work, ld, out, ldo);
+    if (isa == Isa::avx2) return Avx2Kernel<T>::lower_inverse_rows(L, rs, cs, n, unit, work, ld, out, ldo);
   }
-  const Index h = (n / 2 + 7) / 8 * 8;  // the split on a multiple of 8: whole SIMD columns
-  lower_inverse_blocks<Mode, T, Order>(L.topLeftCorner(h, h), out.topLeftCorner(h, h), work, ws);
-  lower_inverse_blocks<Mode, T, Order>(L.bottomRightCorner(n - h, n - h), out.bottomRightCorner(n - h, n - h), work, ws);
-  out.topRightCorner(h, n - h).setZero();
-  Eigen::Map<Dense<T>> BAi(work, n - h, h);
-  matmul_into(L.bottomLeftCorner(n - h, h), out.topLeftCorner(h, h), BAi, ws);
-  auto lower_left = out.bottomLeftCorner(n - h, h);
-  matmul_into(out.bottomRightCorner(n - h, n - h), BAi, lower_left, ws);
-  lower_left = -lower_left;
+#endif
+  PortableKernel<T>::lower_inverse_rows(L, rs, cs, n, unit, work, ld, out, ldo);
 }
 }  // namespace detail
 
-/// out = L⁻¹ for a lower-triangular L (Mode: Eigen::Lower or Eigen::UnitLower), float or double;
-/// the strictly upper part of L is not read. `out` is resized to L's shape.
+/// out = L⁻¹ for a lower-triangular L (Mode: Eigen::Lower or Eigen::UnitLower), float or double,
+/// either storage order (a transposed operand is read in place); the strictly upper part of L
+/// is not read, out's is zero. `out` is resized to L's shape and must not alias L.
 template <int Mode = Eigen::Lower, typename Derived>
 void lower_inverse_into(const Eigen::MatrixBase<Derived>& L, detail::Dense<typename Derived::Scalar>& out,
                         Workspace& ws = default_workspace()) {
+  static_assert(Mode == Eigen::Lower || Mode == Eigen::UnitLower, "lower_inverse_into: Eigen::Lower or Eigen::UnitLower");
   using T = typename Derived::Scalar;
   const Index n = L.rows();
+  if (L.cols() != n)
+    throw ShapeError(bd::detail::message("lower_inverse_into: L is ", n, "x", L.cols(), ", expected a square matrix"));
+  detail::Dense<T> storage;
+  const detail::Operand<T> l = detail::operand(L, storage);
   out.resize(n, n);
-  auto work = detail::InverseScratch<T>::view(ws.local<detail::InverseScratch<T>>().work, n - n / 2, n / 2 + 8);
-  constexpr int order = Derived::IsRowMajor ? Eigen::RowMajor : Eigen::ColMajor;
-  detail::lower_inverse_blocks<Mode, T, order>(L, out, work.data(), ws);
+  if (n == 0) return;
+  const Index ld = (n + 15) / 16 * 16;  // whole vectors of any instruction set
+  T* work = detail::InverseScratch<T>::view(ws.local<detail::InverseScratch<T>>().work, n + 4, ld).data();
+  const Index rs = l.row_major ? l.ld : 1, cs = l.row_major ? 1 : l.ld;
+  detail::lower_inverse_on_kernel(l.data, rs, cs, n, Mode == Eigen::UnitLower, work, ld, out.data(), out.outerStride());
 }
 
 /// L⁻¹ as a new matrix (see lower_inverse_into).

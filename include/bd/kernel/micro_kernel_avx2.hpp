@@ -129,6 +129,10 @@ struct Avx2Kernel {
   static constexpr Index lanes() { return Ops::lanes; }
   /// P·A = L·U in place for a small row-major A (small_lu.hpp).
   static void lu_rows(T* a, Index n, Index ld, Index* perm) { avx2::lu_rows<Ops>(a, n, ld, perm); }
+  /// L⁻¹ of a small lower-triangular L, row by row (inverse.hpp).
+  static void lower_inverse_rows(const T* L, Index rs, Index cs, Index n, bool unit, T* work, Index ld, T* out, Index ldo) {
+    avx2::lower_inverse_rows<Ops>(L, rs, cs, n, unit, work, ld, out, ldo);
+  }
   /// The pivots of QR with column pivoting (pivoted_qr.hpp).
   static void qr_pivots(T* a, Index rows, Index ld, Index cols, Index count, Index* perm, T* diag, T* scratch) {
     avx2::qr_pivots<Ops>(a, rows, ld, cols, count, perm, diag, scratch);

@@ -121,6 +121,10 @@ struct PortableKernel {
     }
   }
 
+  /// L⁻¹ of a small lower-triangular L, row by row (inverse.hpp).
+  static void lower_inverse_rows(const T* L, Index rs, Index cs, Index n, bool unit, T* work, Index ld, T* out, Index ldo) {
+    portable::lower_inverse_rows<portable::Ops<T>>(L, rs, cs, n, unit, work, ld, out, ldo);
+  }
   /// The pivots of QR with column pivoting (pivoted_qr.hpp): micro_kernel_simd.inc's qr_pivots
   /// one scalar at a time.
   static void qr_pivots(T* a, Index rows, Index ld, Index cols, Index count, Index* perm, T* diag, T* scratch) {

@@ -81,8 +81,9 @@ public:
     return X;
   }
 
-  /// out = A⁻¹, by blocked triangular inverses on the GEMM (inverse.hpp); nothing allocated
-  /// once `out` and the thread's scratch in `ws` have this size.
+  /// out = A⁻¹ = U⁻¹·L⁻¹·P, the triangular inverses on the CPU's vectors and their product on
+  /// the GEMM (inverse.hpp); nothing allocated once `out` and the thread's scratch in `ws` have
+  /// this size.
   void inverse_into(Matrix& out, Workspace& ws = default_workspace()) const {
     const Index n = size();
     gather_.resize(static_cast<std::size_t>(n));  // column j of L⁻¹·P: column gather[j] of L⁻¹
