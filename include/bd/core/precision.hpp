@@ -44,7 +44,7 @@ decltype(auto) with_precision(bool fp32_allowed, F&& f) {
   if constexpr (std::is_same_v<Stored, double>) {
     (void)fp32_allowed;
     return f(Fp64Products{});
-  } else if constexpr (bd::kernel::detail::is_narrow_v<Stored>) {
+  } else if constexpr (bd::kernel::is_narrow_v<Stored>) {
     if (fp32_allowed) return f(Fp32Products{});
     return f(Fp64Products{});
   } else {

@@ -129,14 +129,14 @@ double max_finite() {
 template <typename Scalar>
 Scalar round_to(double x) {
   static_assert(is_supported_scalar_v<Scalar>, "bd supports double, float, Eigen::half and Eigen::bfloat16");
-  return kernel::detail::round_one<Scalar>(x);
+  return kernel::round_one<Scalar>(x);
 }
 
 /// Rounds a float to Scalar once (exact for float and double).
 template <typename Scalar>
 Scalar round_to(float x) {
   static_assert(is_supported_scalar_v<Scalar>, "bd supports double, float, Eigen::half and Eigen::bfloat16");
-  return kernel::detail::round_one<Scalar>(x);
+  return kernel::round_one<Scalar>(x);
 }
 
 /// Value of a Scalar as a double (exact for every supported type).

@@ -80,9 +80,6 @@ inline std::uint16_t bfloat16_bits(float f) {
 }
 
 template <typename Scalar>
-inline constexpr bool is_narrow_v = std::is_same_v<Scalar, Eigen::half> || std::is_same_v<Scalar, Eigen::bfloat16>;
-
-template <typename Scalar>
 Scalar narrow_from_bits(std::uint16_t b) {
   Scalar out;
   std::memcpy(static_cast<void*>(&out), &b, sizeof out);  // Eigen::half / bfloat16 hold their bits
@@ -95,23 +92,30 @@ Scalar narrow_from_float(float f) {
   return narrow_from_bits<Scalar>(std::is_same_v<Scalar, Eigen::half> ? half_bits(f) : bfloat16_bits(f));
 }
 
-/// A double or float rounded once to Scalar, to nearest even.
+}  // namespace detail
+
+/// The storage-only types: arithmetic on them runs in float.
+template <typename Scalar>
+inline constexpr bool is_narrow_v = std::is_same_v<Scalar, Eigen::half> || std::is_same_v<Scalar, Eigen::bfloat16>;
+
+/// A double or float rounded once to Scalar, to nearest even: bd's one rounding (a double goes to
+/// half or bfloat16 through float rounded to odd, so that it is rounded once, not twice).
 template <typename Scalar, typename In>
 Scalar round_one(In x) {
   if constexpr (std::is_same_v<Scalar, double> || std::is_same_v<Scalar, float>) {
     return static_cast<Scalar>(x);
   } else if constexpr (std::is_same_v<In, double>) {
-    return narrow_from_float<Scalar>(round_to_odd_float(x));
+    return detail::narrow_from_float<Scalar>(detail::round_to_odd_float(x));
   } else {
-    return narrow_from_float<Scalar>(x);
+    return detail::narrow_from_float<Scalar>(x);
   }
 }
 
+namespace detail {
 template <typename Scalar, typename In>
 void round_portable(const In* in, Index n, Scalar* out) {
   for (Index i = 0; i < n; ++i) out[i] = round_one<Scalar>(in[i]);
 }
-
 }  // namespace detail
 
 /// The value of x in Out (exact when Out holds every Scalar value): bd's one widening. bfloat16
