@@ -33,9 +33,7 @@
 
 #include "bd/kernel/arguments.hpp"
 #include "bd/kernel/cpu.hpp"
-#include "bd/kernel/micro_kernel_avx2.hpp"
-#include "bd/kernel/micro_kernel_avx512.hpp"
-#include "bd/kernel/micro_kernel_portable.hpp"
+#include "bd/kernel/dispatch.hpp"
 #include "bd/kernel/pack.hpp"
 
 #ifdef _OPENMP
@@ -366,12 +364,7 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0) {
 #else
   threads = 1;
 #endif
-#ifdef BD_KERNEL_X86
-  const Isa isa = active_isa();
-  if (isa == Isa::avx512) return detail::flash_attention_dispatch<Avx512Kernel<T>>(a, threads);
-  if (isa == Isa::avx2) return detail::flash_attention_dispatch<Avx2Kernel<T>>(a, threads);
-#endif
-  detail::flash_attention_dispatch<PortableKernel<T>>(a, threads);
+  on_active_kernel<T>([&](auto k) { detail::flash_attention_dispatch<decltype(k)>(a, threads); });
 }
 
 }  // namespace bd::kernel

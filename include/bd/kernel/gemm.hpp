@@ -15,10 +15,8 @@
 
 #include "bd/kernel/arguments.hpp"
 #include "bd/kernel/cpu.hpp"
+#include "bd/kernel/dispatch.hpp"
 #include "bd/kernel/loop.hpp"
-#include "bd/kernel/micro_kernel_avx2.hpp"
-#include "bd/kernel/micro_kernel_avx512.hpp"
-#include "bd/kernel/micro_kernel_portable.hpp"
 #include "bd/kernel/skinny.hpp"
 
 #ifdef _OPENMP
@@ -53,14 +51,7 @@ void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 
 #else
   threads = 1;
 #endif
-#ifdef BD_KERNEL_X86
-  const Isa isa = active_isa();
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (isa == Isa::avx512) return detail::gemm_on<Avx512Kernel<T>>(a, total, blk, threads, ws);
-    if (isa == Isa::avx2) return detail::gemm_on<Avx2Kernel<T>>(a, total, blk, threads, ws);
-  }
-#endif
-  detail::gemm_on<PortableKernel<T>>(a, total, blk, threads, ws);
+  on_active_kernel<T>([&](auto k) { detail::gemm_on<decltype(k)>(a, total, blk, threads, ws); });
 }
 
 }  // namespace bd::kernel

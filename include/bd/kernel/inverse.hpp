@@ -23,7 +23,7 @@
 
 #include "bd/base/error.hpp"
 #include "bd/base/workspace.hpp"
-#include "bd/kernel/cpu.hpp"
+#include "bd/kernel/dispatch.hpp"
 #include "bd/kernel/matmul.hpp"
 
 namespace bd::kernel {
@@ -45,18 +45,6 @@ struct InverseScratch {
   }
 };
 
-/// lower_inverse_rows (micro_kernel_simd.inc) on the instruction set the program runs on.
-template <typename T>
-void lower_inverse_on_kernel(const T* L, Index rs, Index cs, Index n, bool unit, T* work, Index ld, T* out, Index ldo) {
-#ifdef BD_KERNEL_X86
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    const Isa isa = active_isa();
-    if (isa == Isa::avx512) return Avx512Kernel<T>::lower_inverse_rows(L, rs, cs, n, unit, work, ld, out, ldo);
-    if (isa == Isa::avx2) return Avx2Kernel<T>::lower_inverse_rows(L, rs, cs, n, unit, work, ld, out, ldo);
-  }
-#endif
-  PortableKernel<T>::lower_inverse_rows(L, rs, cs, n, unit, work, ld, out, ldo);
-}
 }  // namespace detail
 
 /// out = L⁻¹ for a lower-triangular L (Mode: Eigen::Lower or Eigen::UnitLower), float or double,
@@ -77,7 +65,8 @@ void lower_inverse_into(const Eigen::MatrixBase<Derived>& L, detail::Dense<typen
   const Index ld = (n + 15) / 16 * 16;  // whole vectors of any instruction set
   T* work = detail::InverseScratch<T>::view(ws.local<detail::InverseScratch<T>>().work, n + 4, ld).data();
   const Index rs = l.row_major ? l.ld : 1, cs = l.row_major ? 1 : l.ld;
-  detail::lower_inverse_on_kernel(l.data, rs, cs, n, Mode == Eigen::UnitLower, work, ld, out.data(), out.outerStride());
+  const bool unit = Mode == Eigen::UnitLower;
+  on_active_kernel<T>([&](auto k) { k.lower_inverse_rows(l.data, rs, cs, n, unit, work, ld, out.data(), out.outerStride()); });
 }
 
 /// L⁻¹ as a new matrix (see lower_inverse_into).

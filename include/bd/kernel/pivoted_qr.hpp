@@ -17,8 +17,7 @@
 
 #include <Eigen/Core>
 
-#include "bd/kernel/cpu.hpp"
-#include "bd/kernel/micro_kernel_avx512.hpp"
+#include "bd/kernel/dispatch.hpp"
 
 namespace bd::kernel {
 
@@ -57,14 +56,7 @@ private:
     Index* perm = order_.data();
     T* diag = diag_.data();
     T* scratch = scratch_.data();
-#ifdef BD_KERNEL_X86
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      const Isa isa = active_isa();
-      if (isa == Isa::avx512) return Avx512Kernel<T>::qr_pivots(a, rows, ld, cols, count, perm, diag, scratch);
-      if (isa == Isa::avx2) return Avx2Kernel<T>::qr_pivots(a, rows, ld, cols, count, perm, diag, scratch);
-    }
-#endif
-    PortableKernel<T>::qr_pivots(a, rows, ld, cols, count, perm, diag, scratch);
+    on_active_kernel<T>([&](auto k) { k.qr_pivots(a, rows, ld, cols, count, perm, diag, scratch); });
   }
 
   Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> buffer_;  // ld × cols, see compute()

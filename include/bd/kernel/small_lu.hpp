@@ -16,9 +16,8 @@
 
 #include <Eigen/Core>
 
-#include "bd/kernel/cpu.hpp"
+#include "bd/kernel/dispatch.hpp"
 #include "bd/kernel/inverse.hpp"
-#include "bd/kernel/micro_kernel_avx512.hpp"
 
 namespace bd::kernel {
 
@@ -139,14 +138,7 @@ public:
 
 private:
   void factor(Index n, Index ld) {
-#ifdef BD_KERNEL_X86
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      const Isa isa = active_isa();
-      if (isa == Isa::avx512) return Avx512Kernel<T>::lu_rows(buffer_.data(), n, ld, perm_.data());
-      if (isa == Isa::avx2) return Avx2Kernel<T>::lu_rows(buffer_.data(), n, ld, perm_.data());
-    }
-#endif
-    PortableKernel<T>::lu_rows(buffer_.data(), n, ld, perm_.data());
+    on_active_kernel<T>([&](auto k) { k.lu_rows(buffer_.data(), n, ld, perm_.data()); });
   }
 
   RowMatrix buffer_;  // (n + 16) × ld, see compute()
