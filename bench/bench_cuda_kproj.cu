@@ -7,6 +7,8 @@
 //                 with the window as its C input where cuBLASLt accepts it
 //                 (bd/cuda/cublaslt_projection.cuh)
 //   bd_cublaslt_pieces  one batched cublasLtMatmul per piece of rest, the second in place
+//   bd_hopper     the sm_90a kernel (bd/cuda/hopper_projection.cuh): wgmma and TMA, accumulators
+//                 started from the window, its cluster size chosen by timing in plan()
 //   bd_cublaslt_last    the window last (offset d − d_h, as nn/latent_permutation.hpp's reordered
 //                 MLA latent puts it): the rest is one piece of X, one call and no gather
 // Setup (buffers, handles, cuBLASLt's plan, the argument checks) happens before timing. Each
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include <bd/cuda/cublaslt_projection.cuh>
+#include <bd/cuda/hopper_projection.cuh>
 #include <bd/cuda/projection.cuh>
 
 namespace {
@@ -96,15 +99,17 @@ void run(benchmark::State& state, const std::string& impl) {
   bd::cuda::CublasLtBDProjection<T> via_cublaslt(lt_handle, workspace, kWorkspaceBytes,
                                                  impl == "bd_cublaslt_pieces" ? bd::cuda::Pieces::in_place : bd::cuda::Pieces::gathered);
   bd::cuda::CublasDense<T> dense(handle);
+  bd::cuda::HopperBDProjection<T> hopper;
   const int offset = impl == "bd_cublaslt_last" ? kD - kDh : kOffset;
   const bd::cuda::ProjectionArguments<T> args{x, c, k, L, kD, kDh, kHeads, offset};
   const bool lt = impl.rfind("bd_cublaslt", 0) == 0;
-  bd::cuda::Status s = lt ? via_cublaslt.plan(args) : bd::cuda::Status::success();
+  bd::cuda::Status s = lt ? via_cublaslt.plan(args) : impl == "bd_hopper" ? hopper.plan(args) : bd::cuda::Status::success();
   const auto once_dense = [&] { return dense.run(x, w, k, L, kD, kOut, stream); };
   const auto once = [&] {
     if (impl == "cublas_dense") return once_dense();
     if (impl == "bd_kernel") return kernel.run(args, stream);
     if (impl == "bd_cublas") return via_cublas.run(args, stream);
+    if (impl == "bd_hopper") return hopper.run(args, stream);
     return via_cublaslt.run(args, stream);
   };
   if (s) s = once();  // warm-up, and the arguments' check
@@ -138,6 +143,7 @@ void run(benchmark::State& state, const std::string& impl) {
       state.counters["dense_TFLOP/s"] = dense_flops * runs / (dense_ms / 1e3) / 1e12;
       state.counters["vs_cublas_dense"] = dense_ms / total_ms;
       state.counters["theoretical_ratio"] = (2.0 * kD - 1) / (2.0 * (kD - kDh));
+      if (impl == "bd_hopper") state.SetLabel(hopper.plan_summary());
       if (lt) state.SetLabel(std::string(via_cublaslt.window_as_c() ? "window as C" : "window broadcast") +
                              (via_cublaslt.gathers() ? ", rest gathered" : ""));
     }
@@ -149,7 +155,7 @@ void run(benchmark::State& state, const std::string& impl) {
 }
 
 int register_all() {
-  for (const std::string impl : {"cublas_dense", "bd_kernel", "bd_cublas", "bd_cublaslt", "bd_cublaslt_pieces", "bd_cublaslt_last"}) {
+  for (const std::string impl : {"cublas_dense", "bd_kernel", "bd_cublas", "bd_cublaslt", "bd_cublaslt_pieces", "bd_cublaslt_last", "bd_hopper"}) {
     benchmark::RegisterBenchmark(("cuda_kproj/" + impl).c_str(), [impl](benchmark::State& s) { run<__half>(s, impl); })
         ->RangeMultiplier(4)->Range(64, 65536)->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("cuda_kproj_bf16/" + impl).c_str(),

@@ -3,6 +3,7 @@
 // implementation's check() makes no device query, and can_implement/plan/run without a device
 // say so instead of failing somewhere inside CUDA.
 #include <bd/cuda/cublaslt_projection.cuh>
+#include <bd/cuda/hopper_projection.cuh>
 #include <bd/cuda/projection.cuh>
 
 #include <climits>
@@ -92,6 +93,41 @@ int main() {
     bad.window_offset = 4;
     const bd::cuda::Status s = bd::cuda::CublasLtBDProjection<__half>::check(bad);
     expect(!s.ok() && s.message().find("CublasLtBDProjection") == 0, "each implementation names itself: " + s.message());
+  }
+
+  // The sm_90a kernel: its own shapes on top of the shared checks, each refusal naming itself.
+  {
+    using Hopper = bd::cuda::HopperBDProjection<__half>;
+    Arguments h = valid();
+    h.input_dim = 512, h.head_dim = 128, h.heads = 3, h.window_offset = 256;
+    h.x = fake(0x100000), h.coeff = fake(0x200000), h.out = fake(0x400000);
+    expect(Hopper::check(h).ok(), "hopper: DeepSeek's shape, middle window accepted: " + Hopper::check(h).message());
+    const std::pair<const char*, std::function<void(Arguments&)>> bad[] = {
+        {"window not a multiple of 64", [](Arguments& a) { a.window_offset = 200; }},
+        {"head_dim 96", [](Arguments& a) { a.head_dim = 96; }},
+        {"input_dim not a multiple of 64", [](Arguments& a) { a.input_dim = 520; }},
+        {"no rest channels", [](Arguments& a) { a.input_dim = 128, a.window_offset = 0; }},
+    };
+    for (const auto& [what, spoil] : bad) {
+      Arguments b = h;
+      spoil(b);
+      const bd::cuda::Status s = Hopper::check(b);
+      expect(!s.ok() && s.message().find("HopperBDProjection") == 0 && s.message().find("multiples of 64") != std::string::npos,
+             std::string("hopper: ") + what + " refused: " + s.message());
+    }
+    Arguments b = h;
+    b.window_offset = 4;  // the shared checks come first
+    const bd::cuda::Status s = Hopper::check(b);
+    expect(!s.ok() && s.message().find("multiples of 8") != std::string::npos, "hopper: the shared checks first: " + s.message());
+    Hopper hopper;
+    const bd::cuda::Status unplanned_h = hopper.run(h);
+    expect(!unplanned_h.ok() && unplanned_h.message().find("plan()") != std::string::npos,
+           "hopper: run() before plan() refused: " + unplanned_h.message());
+    if (bd::cuda::DeviceInfo::current().capability != 90) {
+      const bd::cuda::Status c = hopper.can_implement(h);
+      expect(!c.ok() && (c.message().find("no CUDA device") != std::string::npos || c.message().find("9.0") != std::string::npos),
+             "hopper: a device other than sm_90 named: " + c.message());
+    }
   }
 
   // Without a device (this is the host test's usual machine), the device-dependent entry points

@@ -6,6 +6,10 @@
 // between guard bands and starts filled with a NaN sentinel: an unwritten output or a write past
 // either end fails. And run() refuses what it cannot do, with the reason, does not report a
 // caller's pending error as its own, and gives a borrowed cuBLAS handle its stream and math mode back.
+// On an H100/H200 the same holds for the sm_90a kernel (HopperBDProjection) with a cluster of 1
+// and of 2 and as plan() chooses, for every window that is a multiple of 64, d_h = 64, 128, 256,
+// heads that do not fill a 256-column tile, and enough rows that every CTA loops over several
+// tiles; run() after plan() with new X and K' buffers, and its refusals.
 // Without a CUDA device it prints why and exits 77, which ctest reports as skipped.
 //   --has-device  exit 0 if a CUDA device is present, 77 if not (the sanitizer tests ask first)
 //   --sanitizer   leave out the one check that plants a launch error on purpose (compute-sanitizer
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include <bd/cuda/cublaslt_projection.cuh>
+#include <bd/cuda/hopper_projection.cuh>
 #include <bd/cuda/projection.cuh>
 
 namespace {
@@ -66,6 +71,22 @@ enum class Rounding {
   first_apart,  ///< cuBLASLt in place: the first piece with the window as a separate C, the second with C = D
 };
 
+/// The Hopper kernel planned with a given configuration ({0, 0}: chosen by timing).
+template <typename T>
+struct HopperPlanned {
+  using Arguments = bd::cuda::ProjectionArguments<T>;
+  bd::cuda::HopperBDProjection<T>& impl;
+  bd::cuda::HopperConfig config;
+  bd::cuda::Status plan(const Arguments& a) { return impl.plan(a, config); }
+  bd::cuda::Status run(const Arguments& a, cudaStream_t stream) const { return impl.run(a, stream); }
+};
+
+template <typename Impl, typename = void>
+struct needs_plan : std::false_type {};
+template <typename Impl>
+struct needs_plan<Impl, std::void_t<decltype(std::declval<Impl&>().plan(std::declval<const typename Impl::Arguments&>()))>>
+    : std::true_type {};
+
 template <typename T, typename Impl>
 void check(const char* name, Impl& impl, cudaStream_t stream, int L, int d, int dh, int n, int o, unsigned seed, Rounding rounding) {
   const int N = n * dh, K = d - dh;
@@ -80,7 +101,7 @@ void check(const char* name, Impl& impl, cudaStream_t stream, int L, int d, int 
   cudaMemset(dout.p, 0xFF, out.size() * sizeof(T));  // 0xFFFF: a NaN in half and in bfloat16
   bd::cuda::ProjectionArguments<T> a{dx.p, dc.p, dout.p + kGuard, L, d, dh, n, o};
   bd::cuda::Status s = bd::cuda::Status::success();
-  if constexpr (std::is_same_v<Impl, bd::cuda::CublasLtBDProjection<T>>) s = impl.plan(a);
+  if constexpr (needs_plan<Impl>::value) s = impl.plan(a);
   if (s) s = impl.run(a, stream);
   const bd::cuda::Status synced = bd::cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   const std::string where = std::string(name) + " " + bd::cuda::DataType<T>::name + " L=" + std::to_string(L) + " d=" +
@@ -104,6 +125,7 @@ void check(const char* name, Impl& impl, cudaStream_t stream, int L, int d, int 
   const bool two_pieces = o > 0 && o < K;
   double worst = 0;
   std::size_t not_finite = 0;
+  int shown = 0;
   for (int l = 0; l < L; ++l)
     for (int col = 0; col < N; ++col) {
       const double window = to_float(x[std::size_t(l) * d + o + col % dh]);
@@ -117,6 +139,7 @@ void check(const char* name, Impl& impl, cudaStream_t stream, int L, int d, int 
       const double partial = window + left, ref = partial + right;
       const double got = to_float(out[kGuard + std::size_t(l) * N + col]);
       if (!std::isfinite(got)) {
+        if (++shown <= 3) std::printf("  %s: K'[%d, %d] not written or not finite\n", name, l, col);
         ++not_finite;
         continue;
       }
@@ -128,6 +151,8 @@ void check(const char* name, Impl& impl, cudaStream_t stream, int L, int d, int 
         rounded += std::fabs(partial) + std::fabs(right);
       }
       const double bound = unit_roundoff<T>() * rounded + 2.0 * (K + 1) * std::ldexp(1.0, -24) * mag + 1e-30;
+      if (std::fabs(got - ref) > bound && ++shown <= 3)  // where it goes wrong says which index map is wrong
+        std::printf("  %s: K'[%d, %d] = %.6g, expected %.6g\n", name, l, col, got, ref);
       worst = std::max(worst, std::fabs(got - ref) / bound);
     }
   expect(not_finite == 0, where + ": " + std::to_string(not_finite) + " outputs unwritten or not finite");
@@ -165,6 +190,86 @@ void suite(cublasHandle_t handle, cublasLtHandle_t lt_handle, void* workspace, s
   const bd::cuda::Status planned_pieces = cublaslt_pieces.plan({at(0x1000), at(0x100000), at(0x200000), 1, 512, 128, 3, 256});
   expect(planned_pieces.ok(), "cuBLASLt plan at d = 512, o = 256, in place: " + planned_pieces.message());
   std::printf("cuBLASLt (%s, middle window, in place): %s\n", bd::cuda::DataType<T>::name, cublaslt_pieces.plan_summary().c_str());
+}
+
+/// The sm_90a kernel, where the device and the binary have it.
+template <typename T>
+void hopper_suite(cudaStream_t stream, bool sanitizer) {
+  bd::cuda::HopperBDProjection<T> impl;
+  const auto at = [](std::uintptr_t address) { return reinterpret_cast<T*>(address); };
+  const bd::cuda::Status here = impl.can_implement({at(0x1000), at(0x100000), at(0x200000), 1, 512, 128, 3, 256});
+  if (!here) {
+    std::printf("HopperBDProjection not tested here: %s\n", here.message().c_str());
+    return;
+  }
+  // Every cluster size and stage count; under a sanitizer (slow) three configurations that still
+  // cover each.
+  std::vector<bd::cuda::HopperConfig> configs = {{1, 3}, {2, 4}, {4, 3}};
+  if (!sanitizer) configs = {{1, 3}, {2, 3}, {4, 3}, {1, 4}, {2, 4}, {4, 4}};
+  for (const bd::cuda::HopperConfig& config : configs) {
+      const int cluster = config.cluster, stages = config.stages;
+      HopperPlanned<T> h{impl, config};
+      const std::string name = "hopper (cluster " + std::to_string(cluster) + ", " + std::to_string(stages) + " stages)";
+      const unsigned seed = unsigned(10 * stages + cluster);
+      for (int o = 0; o <= 384; o += 64) check<T>(name.c_str(), h, stream, 257, 512, 128, 3, o, seed + unsigned(o), Rounding::once);
+      for (int o : {0, 128, 256}) check<T>(name.c_str(), h, stream, 130, 320, 64, 5, o, seed + 100 + unsigned(o), Rounding::once);
+      for (int o : {0, 64, 128}) check<T>(name.c_str(), h, stream, 129, 384, 256, 2, o, seed + 200 + unsigned(o), Rounding::once);
+      check<T>(name.c_str(), h, stream, 1, 128, 64, 1, 64, seed + 300, Rounding::once);    // one row, one head, the window last
+      check<T>(name.c_str(), h, stream, 64, 256, 128, 256, 0, seed + 301, Rounding::once);  // 128 column tiles: CTAs loop
+      // 130 row tiles × 2 column tiles: every CTA takes two or more tiles in turn.
+      if (!sanitizer && cluster != 2) check<T>(name.c_str(), h, stream, 16384 + 130, 256, 128, 4, 128, seed + 302, Rounding::once);
+    }
+  HopperPlanned<T> timed{impl, {}};
+  check<T>("hopper (configuration chosen by timing)", timed, stream, 1000, 512, 128, 8, 384, 400, Rounding::once);
+  std::printf("HopperBDProjection (%s): %s\n", bd::cuda::DataType<T>::name, impl.plan_summary().c_str());
+
+  // run() after plan() with other X and K' buffers (the tensor maps re-encoded), and the refusals.
+  const int L = 200, d = 512, dh = 128, n = 2, N = n * dh, K = d - dh;
+  Device<T> x1(std::size_t(L) * d), x2(std::size_t(L) * d), coeff(std::size_t(K) * N), out1(std::size_t(L) * N), out2(std::size_t(L) * N);
+  std::vector<T> host(std::size_t(L) * d);
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  for (auto& v : host) v = from_float<T>(normal(rng));
+  cudaMemcpy(x1.p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  for (auto& v : host) v = from_float<T>(normal(rng));
+  cudaMemcpy(x2.p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  std::vector<T> hc(std::size_t(K) * N);
+  for (auto& v : hc) v = from_float<T>(normal(rng) * 0.05f);
+  cudaMemcpy(coeff.p, hc.data(), hc.size() * sizeof(T), cudaMemcpyHostToDevice);
+  bd::cuda::ProjectionArguments<T> a{x1.p, coeff.p, out1.p, L, d, dh, n, 256};
+  bd::cuda::Status s = impl.plan(a, {1, 3});
+  bd::cuda::ProjectionArguments<T> b = a;
+  b.x = x2.p, b.out = out2.p;
+  if (s) s = impl.run(b, stream);  // first the other buffers …
+  if (s) s = impl.run(a, stream);  // … then plan()'s again
+  if (s) s = bd::cuda::check(cudaStreamSynchronize(stream), "sync");
+  expect(s.ok(), "hopper: run() with other X and K' after plan(): " + s.message());
+  bd::cuda::HopperBDProjection<T> other;
+  Device<T> out3(std::size_t(L) * N);
+  bd::cuda::ProjectionArguments<T> c = b;
+  c.out = out3.p;
+  s = other.plan(c, {2, 4});
+  if (s) s = other.run(c, stream);
+  if (s) s = bd::cuda::check(cudaStreamSynchronize(stream), "sync");
+  std::vector<T> r2(std::size_t(L) * N), r3(r2.size());
+  cudaMemcpy(r2.data(), out2.p, r2.size() * sizeof(T), cudaMemcpyDeviceToHost);
+  cudaMemcpy(r3.data(), out3.p, r3.size() * sizeof(T), cudaMemcpyDeviceToHost);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < r2.size(); ++i) differ += reinterpret_cast<const std::uint16_t&>(r2[i]) != reinterpret_cast<const std::uint16_t&>(r3[i]);
+  expect(s.ok() && differ == 0, "hopper: K' from new buffers after plan() equals a fresh plan's, bit for bit (" +
+                                    std::to_string(differ) + " differ) " + s.message());
+  bd::cuda::ProjectionArguments<T> wrong = a;
+  wrong.coeff = x2.p;  // a valid buffer of C's size, apart from the others: only "not plan()'s" is wrong
+  s = impl.run(wrong, stream);
+  expect(!s.ok() && s.message().find("plan() again") != std::string::npos, "hopper: other coefficients refused: " + s.message());
+  wrong = a;
+  wrong.rows = L - 1;
+  s = impl.run(wrong, stream);
+  expect(!s.ok() && s.message().find("plan() was not given") != std::string::npos, "hopper: an unplanned shape refused: " + s.message());
+  wrong = a;
+  wrong.window_offset = 200;
+  s = impl.plan(wrong);
+  expect(!s.ok() && s.message().find("multiples of 64") != std::string::npos, "hopper: a window off the 64 grid refused: " + s.message());
 }
 
 __global__ void nothing() {}
@@ -264,6 +369,8 @@ int main(int argc, char** argv) {
   if (cc >= 80) {
     suite<__half>(handle, lt_handle, workspace.p, workspace_bytes, stream);
     suite<__nv_bfloat16>(handle, lt_handle, workspace.p, workspace_bytes, stream);
+    hopper_suite<__half>(stream, !plant_errors);
+    hopper_suite<__nv_bfloat16>(stream, !plant_errors);
   } else {
     std::printf("compute capability below 8.0: only the refusals are tested\n");
   }

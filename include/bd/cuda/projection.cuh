@@ -7,7 +7,8 @@
 //                          the window into K', then K' += X[:, rest piece]·C[piece rows] with one
 //                          cublasGemmEx per piece of rest (two when the window is in the middle).
 //   CublasDense<T>         K = X·W with one cublasGemmEx: the dense baseline.
-//   (CublasLtBDProjection<T>, the cuBLASLt path, is in cublaslt_projection.cuh.)
+//   (CublasLtBDProjection<T>, the cuBLASLt path, is in cublaslt_projection.cuh; HopperBDProjection<T>,
+//   the sm_90a wgmma/TMA kernel, in hopper_projection.cuh.)
 // T is __half or __nv_bfloat16; every matrix is row-major and every pointer is device memory.
 //
 // Checks come in two kinds. check(args) looks only at the arguments (sizes, offsets, alignment,
