@@ -22,6 +22,7 @@
 
 #include <Eigen/LU>
 
+#include "bd/base/deferred.hpp"
 #include "bd/core/factored_product.hpp"
 #include "bd/core/options.hpp"
 #include "bd/kernel/inverse.hpp"
@@ -132,7 +133,7 @@ struct ScoreScratch {
   Eigen::MatrixXf inv_t;
 };
 
-inline WindowScore score_window(const FactoredProduct& p, const std::vector<Index>& S, bool exact,
+BD_DEFERRED WindowScore score_window(const FactoredProduct& p, const std::vector<Index>& S, bool exact,
                                 Workspace& ws = default_workspace()) {
   WindowScore score;
   const Eigen::VectorXd D = p.row_norm2(S).cwiseSqrt();
@@ -188,7 +189,7 @@ struct PivotScratch {
   bd::kernel::ColumnPivots<double> in_double;
 };
 
-inline std::vector<Index> pivoted_indices(const FactoredProduct& p, Workspace& ws) {
+BD_DEFERRED std::vector<Index> pivoted_indices(const FactoredProduct& p, Workspace& ws) {
   PivotScratch& scratch = ws.local<PivotScratch>();
   Eigen::MatrixXd& Ft = scratch.Ft;
   row_geometry_transposed(p, Ft, ws);

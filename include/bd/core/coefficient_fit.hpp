@@ -23,6 +23,7 @@
 #include <Eigen/QR>
 
 #include "bd/core/basis_selection.hpp"
+#include "bd/base/deferred.hpp"
 #include "bd/base/error.hpp"
 #include "bd/core/factored_product.hpp"
 #include "bd/base/workspace.hpp"
@@ -83,7 +84,7 @@ struct FitBuffers {
 
 /// out = rows `list` (ascending) of A, copied run by run: a window's complement is two blocks,
 /// each column of which is one contiguous copy (Eigen's indexed view reads element by element).
-inline void gather_rows(const Eigen::MatrixXd& A, const std::vector<Index>& list, Eigen::MatrixXd& out) {
+BD_DEFERRED void gather_rows(const Eigen::MatrixXd& A, const std::vector<Index>& list, Eigen::MatrixXd& out) {
   out.resize(static_cast<Index>(list.size()), A.cols());
   for (std::size_t k = 0; k < list.size();) {
     std::size_t end = k + 1;
@@ -97,7 +98,7 @@ inline void gather_rows(const Eigen::MatrixXd& A, const std::vector<Index>& list
 /// ‖A‖²_F of a float matrix, summed in double: eight independent partial sums, so the loop
 /// runs along vectors (Eigen's reduction of a cast expression runs one element at a time,
 /// each add waiting on the last: half a millisecond for an r×n ΔB).
-inline double squared_norm_in_double(const Eigen::MatrixXf& a) {
+BD_DEFERRED double squared_norm_in_double(const Eigen::MatrixXf& a) {
   const float* p = a.data();
   const Index n = a.size();
   double acc[8] = {};

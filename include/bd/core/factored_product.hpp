@@ -20,6 +20,7 @@
 #include <Eigen/Eigenvalues>
 #include <Eigen/QR>
 
+#include "bd/base/deferred.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/workspace.hpp"
 #include "bd/core/options.hpp"
@@ -56,7 +57,7 @@ struct FactoredProduct {
 
 /// Ω, the m×k standard Gaussian sketch that ranks windows: drawn once per preparation from
 /// Options::seed (every product of a call shares it), so preparation is reproducible.
-inline std::shared_ptr<const Eigen::MatrixXd> sketch_matrix(Index m, const Options& opts) {
+BD_DEFERRED std::shared_ptr<const Eigen::MatrixXd> sketch_matrix(Index m, const Options& opts) {
   const Index k = std::max<Index>(1, opts.sketch_columns);
   std::mt19937_64 rng(opts.seed);
   std::normal_distribution<double> normal;
@@ -76,7 +77,7 @@ struct FactorScratch {
 /// One pass loses orthogonality as κ(U)²·u, so a second pass (CholeskyQR2, Fukaya et al. 2014)
 /// follows when κ(U) > 10² and Q is then orthonormal to working precision. Returns false when
 /// κ(U) > 10⁶ (UᵀU is then too ill-conditioned to factor): the caller uses Householder QR.
-inline bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q, Workspace& ws) {
+BD_DEFERRED bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q, Workspace& ws) {
   FactorScratch& scratch = ws.local<FactorScratch>();
   Eigen::MatrixXd &gram = scratch.gram, &Linv = scratch.Linv, &previous = scratch.previous;
   Eigen::LLT<Eigen::MatrixXd>& llt = scratch.llt;
@@ -114,7 +115,7 @@ Eigen::Matrix<T, Eigen::Dynamic, 1> row_dots(const Eigen::Matrix<T, Eigen::Dynam
 /// rows of W are dependent and no basis exists (a zero or pruned head). A rank-deficient V is
 /// allowed: W_R = (U_R·U_S⁻¹)·(U_S·Vᵀ) holds for any V. G = VᵀV is formed from the float V when
 /// there is one (see coefficient_fit.hpp for why that is safe). p.omega is sketch_matrix(m, ·).
-inline void factor_in_place(FactoredProduct& p, Workspace& ws) {
+BD_DEFERRED void factor_in_place(FactoredProduct& p, Workspace& ws) {
   const Eigen::MatrixXd& U = p.U;
   const Index m = U.rows(), r = U.cols();
   if (!cholesky_qr(U, p.Q, ws)) {
@@ -153,7 +154,7 @@ inline void factor_in_place(FactoredProduct& p, Workspace& ws) {
 /// A product factored for ranking from its factors (see factor_in_place): V in double, in float
 /// (Vf, or `borrowed_Vf`: the caller's float V, which must outlive the product, read without a
 /// copy), or both; `omega` is sketch_matrix(U.rows(), ·).
-inline FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eigen::MatrixXf Vf, std::string name,
+BD_DEFERRED FactoredProduct factor_product(Eigen::MatrixXd U, Eigen::MatrixXd V, Eigen::MatrixXf Vf, std::string name,
                                       std::shared_ptr<const Eigen::MatrixXd> omega,
                                       const Eigen::MatrixXf* borrowed_Vf = nullptr, Workspace& ws = default_workspace()) {
   FactoredProduct p;
@@ -184,7 +185,7 @@ struct GeometryScratch {
   Eigen::MatrixXd Lt;
 };
 
-inline void row_geometry_transposed(const FactoredProduct& p, Eigen::MatrixXd& Ft, Workspace& ws) {
+BD_DEFERRED void row_geometry_transposed(const FactoredProduct& p, Eigen::MatrixXd& Ft, Workspace& ws) {
   GeometryScratch& scratch = ws.local<GeometryScratch>();
   scratch.llt.compute(p.G);
   Ft.resize(p.r(), p.m());

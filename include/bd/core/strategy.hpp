@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "bd/base/deferred.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/workspace.hpp"
 #include "bd/core/basis_selection.hpp"
@@ -71,7 +72,7 @@ struct WindowRanking {
 
 /// The mean over products of each window's relative estimate; a window singular for any product
 /// is left out (and counted).
-inline void rank_usable(const std::vector<FactoredProduct>& ps, Index r, WindowRanking& t) {
+BD_DEFERRED void rank_usable(const std::vector<FactoredProduct>& ps, Index r, WindowRanking& t) {
   const Index windows = static_cast<Index>(t.offsets.size());
   for (Index w = 0; w < windows; ++w) {
     double mean = 0;
@@ -95,7 +96,7 @@ inline void rank_usable(const std::vector<FactoredProduct>& ps, Index r, WindowR
 /// Ranks the windows `basis` considers on every product: by the sketch, then the best few again
 /// by the exact model (the sketch has a relative spread of about sqrt(2/k)). With few windows,
 /// all are scored exactly at once.
-inline WindowRanking rank_windows(const std::vector<FactoredProduct>& ps, Basis basis, const Options& opts, Workspace& ws) {
+BD_DEFERRED WindowRanking rank_windows(const std::vector<FactoredProduct>& ps, Basis basis, const Options& opts, Workspace& ws) {
   WindowRanking t;
   const Index m = ps.front().m(), r = ps.front().r();
   t.offsets = candidate_offsets(basis, m, r, opts.align, opts.offset);
@@ -125,7 +126,7 @@ inline WindowRanking rank_windows(const std::vector<FactoredProduct>& ps, Basis 
 
 /// One contiguous window for all products: the best-ranked usable one, or nothing (with `why`
 /// saying so) when every window is singular for some product.
-inline std::optional<Choice> choose_window(const std::vector<FactoredProduct>& ps, Basis basis, const Options& opts,
+BD_DEFERRED std::optional<Choice> choose_window(const std::vector<FactoredProduct>& ps, Basis basis, const Options& opts,
                                            Workspace& ws, std::string& why) {
   const Index m = ps.front().m(), r = ps.front().r();
   WindowRanking t = rank_windows(ps, basis, opts, ws);
@@ -148,7 +149,7 @@ inline std::optional<Choice> choose_window(const std::vector<FactoredProduct>& p
 }
 
 /// choose_window for a strategy that must use a window: no usable one is an error.
-inline Choice require_window(const std::vector<FactoredProduct>& ps, Basis basis, const Options& opts, Workspace& ws) {
+BD_DEFERRED Choice require_window(const std::vector<FactoredProduct>& ps, Basis basis, const Options& opts, Workspace& ws) {
   std::string why;
   if (auto choice = choose_window(ps, basis, opts, ws, why)) return std::move(*choice);
   const bool one = candidate_offsets(basis, ps.front().m(), ps.front().r(), opts.align, opts.offset).size() == 1;
@@ -158,7 +159,7 @@ inline Choice require_window(const std::vector<FactoredProduct>& ps, Basis basis
 }
 
 /// Each product its own r most independent rows.
-inline Choice choose_pivoted(const std::vector<FactoredProduct>& ps, Workspace& ws) {
+BD_DEFERRED Choice choose_pivoted(const std::vector<FactoredProduct>& ps, Workspace& ws) {
   Choice choice;
   choice.shared = false;
   choice.chosen = Basis::Pivoted;
@@ -219,7 +220,7 @@ inline constexpr double auto_hopeless = 10.0;
 /// quarter of it) until the bound decides; a window singular for one of them is out for all, as
 /// in rank_windows. Returns the smallest bound over the windows (+inf when none is usable) if it
 /// exceeds `limit`, else a negative value, and then the full ranking runs as before.
-inline double screened_window_bound(const std::vector<FactoredProduct>& ps, const Options& opts, double limit,
+BD_DEFERRED double screened_window_bound(const std::vector<FactoredProduct>& ps, const Options& opts, double limit,
                                     Index& used, Workspace& ws = default_workspace()) {
   const Index heads = static_cast<Index>(ps.size());
   used = 0;

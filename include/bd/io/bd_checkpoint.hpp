@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bd/base/deferred.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/io/bd_format.hpp"
 #include "bd/io/checkpoint.hpp"
@@ -27,7 +28,7 @@ inline ConvertOptions recorded_options(const ModelFolder& m) { return format::op
 namespace detail {
 
 /// The channel indices of a family: an I32 tensor [heads, dim], ascending per head.
-inline nn::HeadIndices stored_indices(const ModelFolder& m, const std::string& name, Eigen::Index heads, Eigen::Index dim,
+BD_DEFERRED nn::HeadIndices stored_indices(const ModelFolder& m, const std::string& name, Eigen::Index heads, Eigen::Index dim,
                                       Eigen::Index input_dim) {
   const TensorInfo& t = m.info(name);
   if (t.dtype != DType::I32 || t.shape.size() != 2 || t.shape[0] != heads || t.shape[1] != dim)

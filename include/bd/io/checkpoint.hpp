@@ -25,6 +25,7 @@
 #include <Eigen/Core>
 #include <nlohmann/json.hpp>
 
+#include "bd/base/deferred.hpp"
 #include "bd/base/error.hpp"
 #include "bd/io/arch.hpp"
 #include "bd/io/bd_format.hpp"
@@ -94,7 +95,7 @@ inline bool optional_weight(const ModelFolder& m, const std::string& name, Eigen
 inline Eigen::VectorXd vector(const ModelFolder& m, const std::string& name, Eigen::Index n) { return m.matrix(name, n, 1); }
 
 /// What stays dense in a converted GPT-2 layer: the kept slice of c_attn and, under QK, c_proj.
-inline void gpt2_converted(const ModelFolder& m, AttentionLayout& a, nn::Mode mode, Eigen::Index d) {
+BD_DEFERRED void gpt2_converted(const ModelFolder& m, AttentionLayout& a, nn::Mode mode, Eigen::Index d) {
   const std::string proj = a.prefix + ".c_proj";
   if (mode == nn::Mode::QKVO) {
     a.load = [] { return nn::AttentionWeights<double>{}; };
@@ -128,7 +129,7 @@ inline void gpt2_converted(const ModelFolder& m, AttentionLayout& a, nn::Mode mo
   };
 }
 
-inline std::vector<AttentionLayout> gpt2_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
+BD_DEFERRED std::vector<AttentionLayout> gpt2_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
   const nlohmann::json& j = m.config();
   const std::string& where = m.config_path();
   const Eigen::Index d = config_int(j, {"n_embd", "hidden_size"}, where);
@@ -194,7 +195,7 @@ inline std::vector<AttentionLayout> gpt2_layers(const ModelFolder& m, std::optio
 /// Layers whose four projections are separate nn.Linear tensors [out, in] with optional biases.
 /// `converted`: the layout of a BD checkpoint converted in that mode, whose `load` reads what
 /// stayed dense (the products' own tensors are gone).
-inline AttentionLayout linear_layout(const ModelFolder& m, std::string prefix, nn::AttentionConfig config,
+BD_DEFERRED AttentionLayout linear_layout(const ModelFolder& m, std::string prefix, nn::AttentionConfig config,
                                      const std::string& q, const std::string& k, const std::string& v, const std::string& o,
                                      Eigen::Index d, std::optional<nn::Mode> converted) {
   AttentionLayout a;
@@ -239,7 +240,7 @@ inline AttentionLayout linear_layout(const ModelFolder& m, std::string prefix, n
   return a;
 }
 
-inline std::vector<AttentionLayout> bert_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
+BD_DEFERRED std::vector<AttentionLayout> bert_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
   const nlohmann::json& j = m.config();
   const std::string& where = m.config_path();
   const Eigen::Index d = config_int(j, {"hidden_size"}, where);
@@ -260,7 +261,7 @@ inline std::vector<AttentionLayout> bert_layers(const ModelFolder& m, std::optio
   return out;
 }
 
-inline std::vector<AttentionLayout> llama_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
+BD_DEFERRED std::vector<AttentionLayout> llama_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
   const nn::LlamaConfig c = llama_config(m.config(), m.config_path());
   std::vector<AttentionLayout> out;
   for (Eigen::Index l = 0; l < c.layers; ++l) {
@@ -286,7 +287,7 @@ inline std::vector<AttentionLayout> llama_layers(const ModelFolder& m, std::opti
 /// q_proj, the latent (kv_a_proj_with_mqa: d_c rows, then the shared RoPE key's), its norm,
 /// kv_b_proj (per head: nope key rows, then value rows) and o_proj; [out, in], transposed.
 /// The config (softmax scale, RoPE scheme, interleaving) as model_config.hpp reads it.
-inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
+BD_DEFERRED std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::optional<nn::Mode> converted) {
   const DeepSeekConfig c = deepseek_config(m.config(), m.config_path());
   const Eigen::Index d = c.hidden, heads = c.heads, layers = c.layers, kv_lora = c.kv_lora, nope = c.nope, rope = c.rope,
                      dv = c.v_head_dim;
@@ -383,7 +384,7 @@ inline std::vector<AttentionLayout> deepseek_layers(const ModelFolder& m, std::o
 /// Every attention layer of a checkpoint of the given architecture (headers only; see `load`).
 /// With `converted`, the layers of a BD checkpoint converted in that mode, whose `load` gives
 /// what stayed dense. The layouts refer to `folder`, which must outlive them.
-inline std::vector<AttentionLayout> attention_layers(Arch arch, const ModelFolder& folder,
+BD_DEFERRED std::vector<AttentionLayout> attention_layers(Arch arch, const ModelFolder& folder,
                                                      std::optional<nn::Mode> converted = std::nullopt) {
   switch (arch) {
     case Arch::GPT2: return detail::gpt2_layers(folder, converted);

@@ -33,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bd/base/deferred.hpp"
 #include "bd/base/workspace.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/io/bd_format.hpp"
@@ -147,7 +148,7 @@ inline bool quantized(DType t) { return t == DType::F8_E4M3 || t == DType::F8_E5
 
 /// The kept part's bytes: the stored bytes of its rows or columns, or — from an FP8 source —
 /// the dequantized values in `out` (the BD tensors' dtype).
-inline std::vector<unsigned char> kept_bytes(const ModelFolder& m, const KeptPart& k, Storage out) {
+BD_DEFERRED std::vector<unsigned char> kept_bytes(const ModelFolder& m, const KeptPart& k, Storage out) {
   const TensorInfo& t = m.info(k.source);
   const auto [rows, cols] = t.matrix_shape();
   if (quantized(t.dtype)) {
@@ -187,7 +188,7 @@ struct LayerPlan {
   std::set<std::string> consumed;  ///< input tensors the layer replaces (with FP8 block scales)
 };
 
-inline LayerPlan plan_layer(const ModelFolder& m, const AttentionLayout& a, const ConvertOptions& opts) {
+BD_DEFERRED LayerPlan plan_layer(const ModelFolder& m, const AttentionLayout& a, const ConvertOptions& opts) {
   LayerPlan p;
   const DType dt = dtype_of(opts.storage);
   const bool qk = nn::has_qk(opts.mode), vo = nn::has_vo(opts.mode);
@@ -307,7 +308,7 @@ inline bool ends_with(const std::string& s, const std::string& suffix) {
 /// Converts every attention layer of the model folder `input_dir` (see the file comment for
 /// the output, its atomicity and the memory bound). `progress` is called after each input
 /// file's tensors are copied and after each layer.
-inline ConvertReport convert_checkpoint(const std::string& input_dir, const std::string& output, const ConvertOptions& opts,
+BD_DEFERRED ConvertReport convert_checkpoint(const std::string& input_dir, const std::string& output, const ConvertOptions& opts,
                                         const std::function<void(const ConvertProgress&)>& progress = {}) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();

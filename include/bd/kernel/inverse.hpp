@@ -47,6 +47,14 @@ struct InverseScratch {
 
 }  // namespace detail
 
+namespace detail {
+/// The dispatch of lower_inverse_into, one per scalar type: L read through (row, column) strides.
+template <typename T>
+void lower_inverse_rows(const T* l, Index rs, Index cs, Index n, bool unit, T* work, Index ld, T* out, Index ldo) {
+  on_active_kernel<T>([&](auto k) { k.lower_inverse_rows(l, rs, cs, n, unit, work, ld, out, ldo); });
+}
+}  // namespace detail
+
 /// out = L⁻¹ for a lower-triangular L (Mode: Eigen::Lower or Eigen::UnitLower), float or double,
 /// either storage order (a transposed operand is read in place); the strictly upper part of L
 /// is not read, out's is zero. `out` is resized to L's shape and must not alias L.
@@ -66,7 +74,7 @@ void lower_inverse_into(const Eigen::MatrixBase<Derived>& L, detail::Dense<typen
   T* work = detail::InverseScratch<T>::view(ws.local<detail::InverseScratch<T>>().work, n + 4, ld).data();
   const Index rs = l.row_major ? l.ld : 1, cs = l.row_major ? 1 : l.ld;
   const bool unit = Mode == Eigen::UnitLower;
-  on_active_kernel<T>([&](auto k) { k.lower_inverse_rows(l.data, rs, cs, n, unit, work, ld, out.data(), out.outerStride()); });
+  detail::lower_inverse_rows<T>(l.data, rs, cs, n, unit, work, ld, out.data(), out.outerStride());
 }
 
 /// L⁻¹ as a new matrix (see lower_inverse_into).

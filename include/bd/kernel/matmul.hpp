@@ -4,7 +4,8 @@
 // Grams, refits). Eigen's own products are compiled with the flags of the program that
 // includes bd — SSE2 in a default build, a quarter of what an AVX2 or AVX-512 core does.
 // Products large enough to matter go through bd::kernel::gemm (runtime-dispatched); small ones
-// stay with Eigen, where the call costs less. Operands with direct access are read in place,
+// stay with Eigen, where the call costs less — over plain maps, so that Eigen's GEMM is compiled
+// once per scalar type, not once per call site's expression types. Operands with direct access are read in place,
 // transposed ones too (`matmul(V.transpose(), V)` copies nothing): the kernel packs either
 // storage order.
 #pragma once
@@ -90,7 +91,33 @@ void linear_into(const T* x, Index ldx, Index rows, Index depth, const S* w, Ind
 }
 
 namespace detail {
-/// out = a·b, or out += a·b: the checks, the small products left to Eigen, the rest on the kernel.
+/// out = a·b or out += a·b for a small product, on Eigen's product over plain maps of the two
+/// operands (each read in its storage order: a row-major operand is the transpose of a
+/// column-major one). One function per scalar type: every call site shares its four Eigen
+/// products (the storage orders' combinations), where a product over the call site's own
+/// expression types compiled Eigen's GEMM again for each of them.
+template <typename T>
+void product_small(const Operand<T>& a, const Operand<T>& b, Index rows, Index depth, Index cols, T* out, Index ldo,
+                   bool accumulate) {
+  using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+  using ConstMap = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
+  Eigen::Map<Matrix, 0, Eigen::OuterStride<>> o(out, rows, cols, Eigen::OuterStride<>(ldo));
+  const auto stored = [](const Operand<T>& x, Index r, Index c) {  // the operand as its storage holds it
+    return x.row_major ? ConstMap(x.data, c, r, Eigen::OuterStride<>(x.ld)) : ConstMap(x.data, r, c, Eigen::OuterStride<>(x.ld));
+  };
+  const ConstMap A = stored(a, rows, depth), B = stored(b, depth, cols);
+  const auto assign = [&](const auto& product) {
+    if (accumulate) o.noalias() += product;
+    else o.noalias() = product;
+  };
+  if (!a.row_major && !b.row_major) assign(A * B);
+  else if (!a.row_major) assign(A * B.transpose());
+  else if (!b.row_major) assign(A.transpose() * B);
+  else assign(A.transpose() * B.transpose());
+}
+
+/// out = a·b, or out += a·b: the checks, then the operands as pointers (the one boundary every
+/// product crosses), small products on product_small, the rest on the kernel.
 template <typename DerivedA, typename DerivedB, typename DerivedOut>
 void matmul_or_add(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b, Eigen::MatrixBase<DerivedOut>& out,
                    bool accumulate, Workspace& ws) {
@@ -103,14 +130,12 @@ void matmul_or_add(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase
     throw ShapeError(bd::detail::message("matmul: a is ", a.rows(), "x", a.cols(), ", b is ", b.rows(), "x", b.cols(), " and out is ",
                                          out.rows(), "x", out.cols(), "; expected a.cols() == b.rows() and out a.rows() x b.cols()"));
   if (out.innerStride() != 1) throw ShapeError("matmul: the output's inner stride must be 1 (contiguous columns)");
-  if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= skinny_rows) {
-    if (accumulate) out.derived().noalias() += a * b;
-    else out.derived().noalias() = a * b;
-    return;
-  }
   Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
   const Operand<T> x = operand(a, a_storage), y = operand(b, b_storage);
-  product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false, accumulate, ws);
+  if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= skinny_rows)
+    product_small(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), accumulate);
+  else
+    product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false, accumulate, ws);
 }
 }  // namespace detail
 
@@ -186,14 +211,13 @@ void gram_into(const Eigen::MatrixBase<Derived>& a, Eigen::MatrixBase<DerivedOut
                                          "; expected out a.cols() x a.cols()"));
   if (out.innerStride() != 1) throw ShapeError("gram: the output's inner stride must be 1 (contiguous columns)");
   const Index n = a.cols();
-  if (n * n * a.rows() < matmul_threshold || n <= detail::skinny_rows) {
-    out.derived().noalias() = a.transpose() * a;
-  } else {
-    Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> storage;
-    const detail::Operand<T> y = detail::operand(a, storage);
-    const detail::Operand<T> x{y.data, y.ld, !y.row_major};  // aᵀ: the same storage read in the other order
+  Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> storage;
+  const detail::Operand<T> y = detail::operand(a, storage);
+  const detail::Operand<T> x{y.data, y.ld, !y.row_major};  // aᵀ: the same storage read in the other order
+  if (n * n * a.rows() < matmul_threshold || n <= detail::skinny_rows)
+    detail::product_small(x, y, n, a.rows(), n, out.derived().data(), out.outerStride(), false);
+  else
     detail::product_on_kernel(x, y, n, a.rows(), n, out.derived().data(), out.outerStride(), true, false, ws);
-  }
   for (Index j = 1; j < n; ++j)
     for (Index i = 0; i < j; ++i) out(i, j) = out(j, i);
 }
