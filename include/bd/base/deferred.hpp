@@ -10,8 +10,8 @@
 //     BD_DEFERRED WindowScore score_window(const FactoredProduct& p, ...);
 //
 // and are called exactly as before (the defaulted parameter is deduced away). With bd::compiled
-// (cmake/BdCompiled, src/compiled.cpp) the same functions are `extern template`: one library
-// compiles them and its users compile none.
+// (src/compiled_*.cpp) the heaviest of them are `extern template`: the library compiles them and
+// the programs linking it compile none (docs/architecture.md, "Compile time").
 #pragma once
 
 #define BD_DEFERRED template <typename = void>

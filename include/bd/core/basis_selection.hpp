@@ -205,4 +205,12 @@ BD_DEFERRED std::vector<Index> pivoted_indices(const FactoredProduct& p, Workspa
   return s;
 }
 
+/// The instantiations bd::compiled holds (src/compiled_core.cpp).
+#define BD_BASIS_SELECTION_INSTANTIATIONS(prefix)                                                         \
+  prefix WindowScore score_window<>(const FactoredProduct&, const std::vector<Index>&, bool, Workspace&); \
+  prefix std::vector<Index> pivoted_indices<>(const FactoredProduct&, Workspace&);
+#ifdef BD_COMPILED_LIB
+BD_BASIS_SELECTION_INSTANTIATIONS(extern template)
+#endif
+
 }  // namespace bd::detail

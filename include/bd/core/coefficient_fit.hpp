@@ -414,6 +414,14 @@ BasisFit<Scalar> fit_basis_dense(const Eigen::MatrixXd& W, const FactoredProduct
   return fit;
 }
 
+/// The instantiations bd::compiled holds (src/compiled_core.cpp).
+#define BD_COEFFICIENT_FIT_INSTANTIATIONS(prefix)                                                  \
+  prefix void gather_rows<>(const Eigen::MatrixXd&, const std::vector<Index>&, Eigen::MatrixXd&); \
+  prefix double squared_norm_in_double<>(const Eigen::MatrixXf&);
+#ifdef BD_COMPILED_LIB
+BD_COEFFICIENT_FIT_INSTANTIATIONS(extern template)
+#endif
+
 }  // namespace bd::detail
 
 namespace bd {

@@ -252,9 +252,21 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
   static_assert(is_supported_scalar_v<Stored>, "bd stores double, float, Eigen::half or Eigen::bfloat16");
   detail::validate_options(opts);
   detail::validate_factors(Us, Vs);
-  return detail::with_precision<Stored>(opts.fp32_products, [&](auto precision) {
-    return detail::decompose_shared_with<Stored, decltype(precision)>(Us, Vs, opts, ws);
-  });
+  // The pipeline is compiled for float and for double factors (bd::compiled holds both); any
+  // other factors are read as double, which preparation converts them to anyway.
+  constexpr bool all_double = std::is_same_v<MatrixU, Eigen::MatrixXd> && std::is_same_v<MatrixV, Eigen::MatrixXd>;
+  constexpr bool all_float = std::is_same_v<MatrixU, Eigen::MatrixXf> && std::is_same_v<MatrixV, Eigen::MatrixXf>;
+  if constexpr (all_double || all_float) {
+    return detail::with_precision<Stored>(opts.fp32_products, [&](auto precision) {
+      return detail::decompose_shared_with<Stored, decltype(precision)>(Us, Vs, opts, ws);
+    });
+  } else {
+    std::vector<Eigen::MatrixXd> Ud, Vd;
+    Ud.reserve(Us.size()), Vd.reserve(Vs.size());
+    for (const auto& u : Us) Ud.push_back(u.template cast<double>());
+    for (const auto& v : Vs) Vd.push_back(v.template cast<double>());
+    return decompose_shared<Stored>(Ud, Vd, opts, ws);
+  }
 }
 
 /// The same with scratch memory of its own, freed on return.
@@ -314,6 +326,36 @@ Decomposition<detail::stored_t<Scalar, typename Derived::Scalar>> decompose(cons
   Workspace ws;
   return decompose<Scalar>(W, rank, opts, ws);
 }
+
+namespace detail {
+/// The instantiations bd::compiled holds (src/compiled_<stored type>.cpp, one file per stored
+/// type so that they compile in parallel): the pipeline for every precision policy of the type,
+/// on double and on float factors, and decompose()'s.
+#define BD_DECOMPOSE_WITH(prefix, S, P, M)                                                                              \
+  prefix SharedDecomposition<S> decompose_shared_with<S, P, M, M>(const std::vector<M>&, const std::vector<M>&, const Options&, \
+                                                                 Workspace&);
+#define BD_DECOMPOSE_DENSE(prefix, S) \
+  prefix Decomposition<S> decompose_dense<S>(const Eigen::MatrixXd&, Index, const Options&, Index, Index, Workspace&);
+#define BD_DECOMPOSE_DOUBLE(prefix)                                      \
+  BD_DECOMPOSE_WITH(prefix, double, Fp64Products, Eigen::MatrixXd)       \
+  BD_DECOMPOSE_WITH(prefix, double, Fp64Products, Eigen::MatrixXf)       \
+  BD_DECOMPOSE_DENSE(prefix, double)
+/// A type narrower than double: its policy P with float products, and Fp64Products.
+#define BD_DECOMPOSE_NARROWER(prefix, S, P)                        \
+  BD_DECOMPOSE_WITH(prefix, S, P, Eigen::MatrixXd)                 \
+  BD_DECOMPOSE_WITH(prefix, S, P, Eigen::MatrixXf)                 \
+  BD_DECOMPOSE_WITH(prefix, S, Fp64Products, Eigen::MatrixXd)      \
+  BD_DECOMPOSE_WITH(prefix, S, Fp64Products, Eigen::MatrixXf)      \
+  BD_DECOMPOSE_DENSE(prefix, S)
+#define BD_DECOMPOSE_INSTANTIATIONS(prefix)                      \
+  BD_DECOMPOSE_DOUBLE(prefix)                                    \
+  BD_DECOMPOSE_NARROWER(prefix, float, Fp32Grams)                \
+  BD_DECOMPOSE_NARROWER(prefix, Eigen::half, Fp32Products)       \
+  BD_DECOMPOSE_NARROWER(prefix, Eigen::bfloat16, Fp32Products)
+#ifdef BD_COMPILED_LIB
+BD_DECOMPOSE_INSTANTIATIONS(extern template)
+#endif
+}  // namespace detail
 
 /// The ranking stage's pieces, public for those who test or extend it: a product factored for
 /// ranking, the candidate windows, a window's score and auto's screen (a lower bound on every

@@ -199,4 +199,16 @@ BD_DEFERRED void row_geometry_transposed(const FactoredProduct& p, Eigen::Matrix
   Ft = scale.asDiagonal() * (eig.eigenvectors().transpose() * p.U.transpose());
 }
 
+/// The instantiations bd::compiled holds (src/compiled_core.cpp).
+#define BD_FACTORED_PRODUCT_INSTANTIATIONS(prefix)                                                                     \
+  prefix std::shared_ptr<const Eigen::MatrixXd> sketch_matrix<>(Index, const Options&);                               \
+  prefix bool cholesky_qr<>(const Eigen::MatrixXd&, Eigen::MatrixXd&, Workspace&);                                    \
+  prefix void factor_in_place<>(FactoredProduct&, Workspace&);                                                        \
+  prefix FactoredProduct factor_product<>(Eigen::MatrixXd, Eigen::MatrixXd, Eigen::MatrixXf, std::string,             \
+                                          std::shared_ptr<const Eigen::MatrixXd>, const Eigen::MatrixXf*, Workspace&); \
+  prefix void row_geometry_transposed<>(const FactoredProduct&, Eigen::MatrixXd&, Workspace&);
+#ifdef BD_COMPILED_LIB
+BD_FACTORED_PRODUCT_INSTANTIATIONS(extern template)
+#endif
+
 }  // namespace bd::detail

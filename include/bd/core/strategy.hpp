@@ -363,4 +363,17 @@ Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::
   return out;
 }
 
+/// The instantiations bd::compiled holds (src/compiled_core.cpp).
+#define BD_STRATEGY_INSTANTIATIONS(prefix)                                                                              \
+  prefix void rank_usable<>(const std::vector<FactoredProduct>&, Index, WindowRanking&);                               \
+  prefix WindowRanking rank_windows<>(const std::vector<FactoredProduct>&, Basis, const Options&, Workspace&);         \
+  prefix std::optional<Choice> choose_window<>(const std::vector<FactoredProduct>&, Basis, const Options&, Workspace&, \
+                                               std::string&);                                                         \
+  prefix Choice require_window<>(const std::vector<FactoredProduct>&, Basis, const Options&, Workspace&);              \
+  prefix Choice choose_pivoted<>(const std::vector<FactoredProduct>&, Workspace&);                                     \
+  prefix double screened_window_bound<>(const std::vector<FactoredProduct>&, const Options&, double, Index&, Workspace&);
+#ifdef BD_COMPILED_LIB
+BD_STRATEGY_INSTANTIATIONS(extern template)
+#endif
+
 }  // namespace bd::detail

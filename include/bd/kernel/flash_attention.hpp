@@ -367,4 +367,12 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0) {
   on_active_kernel<T>([&](auto k) { detail::flash_attention_dispatch<decltype(k)>(a, threads); });
 }
 
+/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB.
+#define BD_FLASH_ATTENTION_INSTANTIATIONS(prefix)                              \
+  prefix void flash_attention<float>(const AttentionArguments<float>&, int);   \
+  prefix void flash_attention<double>(const AttentionArguments<double>&, int);
+#ifdef BD_COMPILED_LIB
+BD_FLASH_ATTENTION_INSTANTIATIONS(extern template)
+#endif
+
 }  // namespace bd::kernel

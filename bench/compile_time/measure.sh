@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Compile time and compiler memory of a user's program, header-only, as a user builds it: g++
+# -std=c++17 -O3 -DNDEBUG -fopenmp, no -march, one translation unit at a time, each under
+# /usr/bin/time -v. Three programs: Eigen's heavy machinery alone (eigen_baseline.cpp, the
+# yardstick), the README's example (examples/quickstart.cpp: one decompose_product<Eigen::half>)
+# and an attention program (examples/attention_layer.cpp: BDAttention<float>::prepare, forward
+# and cached decoding). Usage: bench/compile_time/measure.sh [repetitions, default 3]; prints the
+# median seconds and peak RSS of each, and the CPU it ran on.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+reps=${1:-3}
+cxx=${CXX:-g++}
+eigen=$(pkg-config --cflags eigen3 2>/dev/null || echo -I/usr/include/eigen3)
+flags="-std=c++17 -O3 -DNDEBUG -fopenmp $eigen -Iinclude"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores; $($cxx --version | head -n 1)"
+printf '%-34s %10s %14s\n' program "seconds" "peak RSS MB"
+for src in bench/compile_time/eigen_baseline.cpp examples/quickstart.cpp examples/attention_layer.cpp; do
+  times=() rss=()
+  for ((r = 0; r < reps; ++r)); do
+    /usr/bin/time -v -o "$out/time" $cxx $flags -c "$src" -o "$out/a.o"
+    times+=("$(awk -F': ' '/Elapsed \(wall clock\)/ {n = split($2, t, ":"); s = 0; for (i = 1; i <= n; ++i) s = s * 60 + t[i]; print s}' "$out/time")")
+    rss+=("$(awk -F': ' '/Maximum resident set size/ {printf "%.0f", $2 / 1024}' "$out/time")")
+  done
+  median() { printf '%s\n' "$@" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+  printf '%-34s %10s %14s\n' "$src" "$(median "${times[@]}")" "$(median "${rss[@]}")"
+done
