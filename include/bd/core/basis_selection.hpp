@@ -205,7 +205,7 @@ BD_DEFERRED std::vector<Index> pivoted_indices(const FactoredProduct& p, Workspa
   return s;
 }
 
-/// The instantiations bd::compiled holds (src/compiled_core.cpp).
+/// The instantiations bd::compiled holds (src/compiled_ranking.cpp).
 #define BD_BASIS_SELECTION_INSTANTIATIONS(prefix)                                                         \
   prefix WindowScore score_window<>(const FactoredProduct&, const std::vector<Index>&, bool, Workspace&); \
   prefix std::vector<Index> pivoted_indices<>(const FactoredProduct&, Workspace&);

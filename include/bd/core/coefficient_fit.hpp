@@ -374,6 +374,20 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
   return std::move(f.out);
 }
 
+/// The reciprocal condition of the basis block Q_S of a dense W's factoring, refused when singular.
+BD_DEFERRED double dense_basis_rcond(const FactoredProduct& p, const std::vector<Index>& S) {
+  Eigen::PartialPivLU<Eigen::MatrixXd> lu(Eigen::MatrixXd(p.Q(S, Eigen::all)));
+  const double rcond = lu.rcond();
+  require_nonsingular(rcond, S, p.name);
+  return rcond;
+}
+
+/// C with C·B ≈ W_R in least squares (column-pivoted QR of Bᵀ), for any stored type's basis.
+BD_DEFERRED Eigen::MatrixXd least_squares_coefficients(const Eigen::MatrixXd& B, const Eigen::MatrixXd& WR) {
+  Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(B.transpose());
+  return qr.solve(WR.transpose()).transpose();
+}
+
 /// The same for a dense W (W in row form; B and C stored as `side` holds them): B = W_S exactly,
 /// C by least squares against round(B) (or B when refit is off), residual computed on W itself.
 template <typename Scalar>
@@ -385,9 +399,7 @@ BasisFit<Scalar> fit_basis_dense(const Eigen::MatrixXd& W, const FactoredProduct
   const MatrixXd B = W(S, Eigen::all), WR = W(R, Eigen::all);
   {
     PhaseTimer timer(times.fit);
-    Eigen::PartialPivLU<MatrixXd> lu(MatrixXd(p.Q(S, Eigen::all)));
-    fit.rcond = lu.rcond();
-    require_nonsingular(fit.rcond, S, p.name);
+    fit.rcond = dense_basis_rcond(p, S);
   }
   MatrixXd Bh, C;
   {
@@ -398,8 +410,7 @@ BasisFit<Scalar> fit_basis_dense(const Eigen::MatrixXd& W, const FactoredProduct
   }
   {
     PhaseTimer timer(times.fit);
-    Eigen::ColPivHouseholderQR<MatrixXd> qr(MatrixXd(refit ? Bh : B).transpose());
-    C = qr.solve(WR.transpose()).transpose();
+    C = least_squares_coefficients(refit ? Bh : B, WR);
   }
   {
     PhaseTimer timer(times.round);
@@ -414,10 +425,12 @@ BasisFit<Scalar> fit_basis_dense(const Eigen::MatrixXd& W, const FactoredProduct
   return fit;
 }
 
-/// The instantiations bd::compiled holds (src/compiled_core.cpp).
-#define BD_COEFFICIENT_FIT_INSTANTIATIONS(prefix)                                                  \
-  prefix void gather_rows<>(const Eigen::MatrixXd&, const std::vector<Index>&, Eigen::MatrixXd&); \
-  prefix double squared_norm_in_double<>(const Eigen::MatrixXf&);
+/// The instantiations bd::compiled holds (src/compiled_ranking.cpp).
+#define BD_COEFFICIENT_FIT_INSTANTIATIONS(prefix)                                                   \
+  prefix void gather_rows<>(const Eigen::MatrixXd&, const std::vector<Index>&, Eigen::MatrixXd&);  \
+  prefix double squared_norm_in_double<>(const Eigen::MatrixXf&);                                  \
+  prefix double dense_basis_rcond<>(const FactoredProduct&, const std::vector<Index>&);             \
+  prefix Eigen::MatrixXd least_squares_coefficients<>(const Eigen::MatrixXd&, const Eigen::MatrixXd&);
 #ifdef BD_COMPILED_LIB
 BD_COEFFICIENT_FIT_INSTANTIATIONS(extern template)
 #endif

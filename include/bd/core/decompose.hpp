@@ -30,6 +30,7 @@
 #include <Eigen/QR>
 #include <Eigen/SVD>
 
+#include "bd/base/deferred.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/workspace.hpp"
 #include "bd/core/basis_selection.hpp"
@@ -187,7 +188,7 @@ SharedDecomposition<Stored> decompose_shared_with(const std::vector<MatrixU>& Us
     PhaseTimer timer(factor_seconds);
     factor_all<Stored, Precision>(Us, Vs, opts, ws, ps, floors);
   }
-  auto fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
+  const FitFunction<Stored> fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
     return fit_basis<Stored, Precision>(ps[h], std::move(S), opts.refit, opts.side, t, ws);
   };
   Outcome<Stored> out = run_strategy<Stored>(ps, floors, opts, fitter, ws);
@@ -200,8 +201,36 @@ SharedDecomposition<Stored> decompose_shared_with(const std::vector<MatrixU>& Us
                                      opts.basis, chosen, std::move(reason), phases);
 }
 
-/// decompose(W, rank) after the checks: W's factors from a rank-revealing QR, then the
-/// strategy with fits made on W itself.
+/// decompose()'s factoring of W (row form), which no stored type changes: the product to rank,
+/// and the energy Σσ² of W and of its tail Σ_{i>r} σ_i².
+struct DenseFactors {
+  FactoredProduct product;
+  double energy = 0, tail = 0;
+};
+BD_DEFERRED DenseFactors factor_dense(const Eigen::MatrixXd& Wr, Index rank, const Options& opts, Index rows, Index cols,
+                                      Workspace& ws) {
+  DenseFactors f;
+  const Index m = Wr.rows();
+  // A rank-revealing factorisation W P = Q R gives the factors U = Q_r, V = P R_rᵀ that rank
+  // candidate bases; the tail of R is what no rank-r decomposition can represent.
+  Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(Wr);
+  if (qr.rank() < rank)
+    throw RangeError(message("W (", rows, "x", cols, ") has numerical rank ", qr.rank(), ", below the requested rank ", rank,
+                             ": any ", rank, " of its rows are dependent; use rank ", qr.rank()));
+  Eigen::MatrixXd U = qr.householderQ() * Eigen::MatrixXd::Identity(m, rank);
+  Eigen::MatrixXd Rtop = qr.matrixQR().topRows(rank).template triangularView<Eigen::Upper>();
+  Eigen::MatrixXd V = (Rtop * qr.colsPermutation().transpose()).transpose();
+  // What no rank-r matrix can represent: Σ_{i>r} σ_i², a lower bound on any BD's error.
+  f.energy = Wr.squaredNorm();
+  const Eigen::VectorXd sigma = Eigen::BDCSVD<Eigen::MatrixXd>(Wr).singularValues();
+  f.tail = sigma.tail(sigma.size() - rank).squaredNorm();
+  f.product = factor_product(std::move(U), std::move(V), Eigen::MatrixXf(), "W", sketch_matrix(m, opts), nullptr, ws);
+  f.product.norm2 = f.energy;
+  return f;
+}
+
+/// decompose(W, rank) after the checks: W's factors from a rank-revealing QR (factor_dense), then
+/// the strategy with fits made on W itself.
 template <typename Stored>
 Decomposition<Stored> decompose_dense(const Eigen::MatrixXd& Wr, Index rank, const Options& opts, Index rows, Index cols,
                                       Workspace& ws) {
@@ -211,25 +240,12 @@ Decomposition<Stored> decompose_dense(const Eigen::MatrixXd& Wr, Index rank, con
   double energy = 0, tail = 0;
   {
     PhaseTimer timer(factor_seconds);
-    const Index m = Wr.rows();
-    // A rank-revealing factorisation W P = Q R gives the factors U = Q_r, V = P R_rᵀ that rank
-    // candidate bases; the tail of R is what no rank-r decomposition can represent.
-    Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(Wr);
-    if (qr.rank() < rank)
-      throw RangeError(message("W (", rows, "x", cols, ") has numerical rank ", qr.rank(), ", below the requested rank ", rank,
-                               ": any ", rank, " of its rows are dependent; use rank ", qr.rank()));
-    Eigen::MatrixXd U = qr.householderQ() * Eigen::MatrixXd::Identity(m, rank);
-    Eigen::MatrixXd Rtop = qr.matrixQR().topRows(rank).template triangularView<Eigen::Upper>();
-    Eigen::MatrixXd V = (Rtop * qr.colsPermutation().transpose()).transpose();
-    // What no rank-r matrix can represent: Σ_{i>r} σ_i², a lower bound on any BD's error.
-    energy = Wr.squaredNorm();
-    const Eigen::VectorXd sigma = Eigen::BDCSVD<Eigen::MatrixXd>(Wr).singularValues();
-    tail = sigma.tail(sigma.size() - rank).squaredNorm();
-    ps.push_back(factor_product(std::move(U), std::move(V), Eigen::MatrixXf(), "W", sketch_matrix(m, opts), nullptr, ws));
-    ps.front().norm2 = energy;
+    DenseFactors f = factor_dense(Wr, rank, opts, rows, cols, ws);
+    energy = f.energy, tail = f.tail;
+    ps.push_back(std::move(f.product));
     floors.push_back(rounding_floor<Stored>(Wr));
   }
-  auto fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
+  const FitFunction<Stored> fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
     return fit_basis_dense<Stored>(Wr, ps[h], std::move(S), opts.refit, opts.side, t);
   };
   Outcome<Stored> out = run_strategy<Stored>(ps, floors, opts, fitter, ws);
@@ -334,6 +350,9 @@ namespace detail {
 #define BD_DECOMPOSE_WITH(prefix, S, P, M)                                                                              \
   prefix SharedDecomposition<S> decompose_shared_with<S, P, M, M>(const std::vector<M>&, const std::vector<M>&, const Options&, \
                                                                  Workspace&);
+/// decompose()'s factoring, independent of the stored type: in src/compiled_strategy.cpp.
+#define BD_FACTOR_DENSE_INSTANTIATION(prefix) \
+  prefix DenseFactors factor_dense<>(const Eigen::MatrixXd&, Index, const Options&, Index, Index, Workspace&);
 #define BD_DECOMPOSE_DENSE(prefix, S) \
   prefix Decomposition<S> decompose_dense<S>(const Eigen::MatrixXd&, Index, const Options&, Index, Index, Workspace&);
 #define BD_DECOMPOSE_DOUBLE(prefix)                                      \
@@ -348,6 +367,7 @@ namespace detail {
   BD_DECOMPOSE_WITH(prefix, S, Fp64Products, Eigen::MatrixXf)      \
   BD_DECOMPOSE_DENSE(prefix, S)
 #define BD_DECOMPOSE_INSTANTIATIONS(prefix)                      \
+  BD_FACTOR_DENSE_INSTANTIATION(prefix)                          \
   BD_DECOMPOSE_DOUBLE(prefix)                                    \
   BD_DECOMPOSE_NARROWER(prefix, float, Fp32Grams)                \
   BD_DECOMPOSE_NARROWER(prefix, Eigen::half, Fp32Products)       \

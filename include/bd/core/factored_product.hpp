@@ -199,7 +199,7 @@ BD_DEFERRED void row_geometry_transposed(const FactoredProduct& p, Eigen::Matrix
   Ft = scale.asDiagonal() * (eig.eigenvectors().transpose() * p.U.transpose());
 }
 
-/// The instantiations bd::compiled holds (src/compiled_core.cpp).
+/// The instantiations bd::compiled holds (src/compiled_ranking.cpp).
 #define BD_FACTORED_PRODUCT_INSTANTIATIONS(prefix)                                                                     \
   prefix std::shared_ptr<const Eigen::MatrixXd> sketch_matrix<>(Index, const Options&);                               \
   prefix bool cholesky_qr<>(const Eigen::MatrixXd&, Eigen::MatrixXd&, Workspace&);                                    \

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -174,10 +175,16 @@ BD_DEFERRED Choice choose_pivoted(const std::vector<FactoredProduct>& ps, Worksp
   return choice;
 }
 
+/// How a strategy fits product h's basis S (adding its phases to the PhaseTimes): the caller's
+/// fit — on the factors or on a dense W, in its precision policy — behind one type, so that the
+/// strategies are compiled once per stored type, not once per caller.
+template <typename Scalar>
+using FitFunction = std::function<BasisFit<Scalar>(std::size_t, std::vector<Index>, PhaseTimes&)>;
+
 /// Fits every product's chosen basis; adds the pass's elapsed time to `times` (fit, round, error).
-template <typename Scalar, typename Fitter>
-std::vector<BasisFit<Scalar>> fit_choice(const std::vector<FactoredProduct>& ps, const Choice& choice, Fitter&& fitter,
-                                         PhaseTimes& times) {
+template <typename Scalar>
+std::vector<BasisFit<Scalar>> fit_choice(const std::vector<FactoredProduct>& ps, const Choice& choice,
+                                         const FitFunction<Scalar>& fitter, PhaseTimes& times) {
   std::vector<BasisFit<Scalar>> fits(ps.size());
   FitClock busy;
   Stopwatch clock;
@@ -299,10 +306,10 @@ std::optional<Choice> hopeful_window(const std::vector<FactoredProduct>& ps, con
 /// exact error is within `opts.error_budget` × the mean rounding floor `floor`. Only the winner
 /// is fitted (hopeful_window). Returns the accepted outcome, or nothing with `note` saying why
 /// no window was taken; the phases go to `times`.
-template <typename Scalar, typename Fitter>
+template <typename Scalar>
 std::optional<Outcome<Scalar>> shared_window_within_budget(const std::vector<FactoredProduct>& ps, const Options& opts,
-                                                           double floor, Fitter& fitter, Workspace& ws, PhaseTimes& times,
-                                                           std::string& note) {
+                                                           double floor, const FitFunction<Scalar>& fitter, Workspace& ws,
+                                                           PhaseTimes& times, std::string& note) {
   const Index m = ps.front().m(), r = ps.front().r();
   Outcome<Scalar> w;
   std::optional<Choice> choice = hopeful_window<Scalar>(ps, opts, floor, ws, times, note);
@@ -325,9 +332,9 @@ std::optional<Outcome<Scalar>> shared_window_within_budget(const std::vector<Fac
 }
 
 /// Auto: the shared window when it meets the budget, else per-product pivoting, saying why.
-template <typename Scalar, typename Fitter>
+template <typename Scalar>
 Outcome<Scalar> run_auto(const std::vector<FactoredProduct>& ps, const std::vector<double>& floors, const Options& opts,
-                         Fitter&& fitter, Workspace& ws) {
+                         const FitFunction<Scalar>& fitter, Workspace& ws) {
   Outcome<Scalar> out;
   double floor = 0;
   for (double f : floors) floor += f / static_cast<double>(floors.size());
@@ -347,9 +354,9 @@ Outcome<Scalar> run_auto(const std::vector<FactoredProduct>& ps, const std::vect
 }
 
 /// Ranks, chooses and fits the basis `opts.basis` asks for.
-template <typename Scalar, typename Fitter>
+template <typename Scalar>
 Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::vector<double>& floors, const Options& opts,
-                             Fitter&& fitter, Workspace& ws) {
+                             const FitFunction<Scalar>& fitter, Workspace& ws) {
   if (opts.basis == Basis::Auto) return run_auto<Scalar>(ps, floors, opts, fitter, ws);
   const Index m = ps.front().m(), r = ps.front().r();
   Outcome<Scalar> out;
@@ -363,7 +370,11 @@ Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::
   return out;
 }
 
-/// The instantiations bd::compiled holds (src/compiled_core.cpp).
+/// The instantiations bd::compiled holds: the ranking stages (src/compiled_ranking.cpp) and the
+/// strategies for every stored type (src/compiled_strategy.cpp).
+#define BD_RUN_STRATEGY(prefix, S)                                                                                   \
+  prefix Outcome<S> run_strategy<S>(const std::vector<FactoredProduct>&, const std::vector<double>&, const Options&, \
+                                    const FitFunction<S>&, Workspace&);
 #define BD_STRATEGY_INSTANTIATIONS(prefix)                                                                              \
   prefix void rank_usable<>(const std::vector<FactoredProduct>&, Index, WindowRanking&);                               \
   prefix WindowRanking rank_windows<>(const std::vector<FactoredProduct>&, Basis, const Options&, Workspace&);         \
@@ -372,8 +383,14 @@ Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::
   prefix Choice require_window<>(const std::vector<FactoredProduct>&, Basis, const Options&, Workspace&);              \
   prefix Choice choose_pivoted<>(const std::vector<FactoredProduct>&, Workspace&);                                     \
   prefix double screened_window_bound<>(const std::vector<FactoredProduct>&, const Options&, double, Index&, Workspace&);
+#define BD_RUN_STRATEGY_INSTANTIATIONS(prefix) \
+  BD_RUN_STRATEGY(prefix, double)              \
+  BD_RUN_STRATEGY(prefix, float)               \
+  BD_RUN_STRATEGY(prefix, Eigen::half)         \
+  BD_RUN_STRATEGY(prefix, Eigen::bfloat16)
 #ifdef BD_COMPILED_LIB
 BD_STRATEGY_INSTANTIATIONS(extern template)
+BD_RUN_STRATEGY_INSTANTIATIONS(extern template)
 #endif
 
 }  // namespace bd::detail

@@ -104,4 +104,12 @@ inline bool is_bd_checkpoint(const std::string& path) {
   return format::has_record(m.metadata());
 }
 
+/// The instantiation bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
+/// BD_COMPILED_IO.
+#define BD_BD_CHECKPOINT_INSTANTIATIONS(prefix) \
+  prefix nn::HeadIndices detail::stored_indices<>(const ModelFolder&, const std::string&, Eigen::Index, Eigen::Index, Eigen::Index);
+#ifdef BD_COMPILED_IO
+BD_BD_CHECKPOINT_INSTANTIATIONS(extern template)
+#endif
+
 }  // namespace bd::io

@@ -405,4 +405,20 @@ std::vector<nn::MultiHeadAttention<S>> load_attention(const std::string& path, A
   return out;
 }
 
+/// The instantiations bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
+/// BD_COMPILED_IO.
+#define BD_CHECKPOINT_INSTANTIATIONS(prefix)                                                                            \
+  prefix void detail::gpt2_converted<>(const ModelFolder&, AttentionLayout&, nn::Mode, Eigen::Index);                  \
+  prefix std::vector<AttentionLayout> detail::gpt2_layers<>(const ModelFolder&, std::optional<nn::Mode>);               \
+  prefix AttentionLayout detail::linear_layout<>(const ModelFolder&, std::string, nn::AttentionConfig, const std::string&, \
+                                                 const std::string&, const std::string&, const std::string&, Eigen::Index, \
+                                                 std::optional<nn::Mode>);                                             \
+  prefix std::vector<AttentionLayout> detail::bert_layers<>(const ModelFolder&, std::optional<nn::Mode>);               \
+  prefix std::vector<AttentionLayout> detail::llama_layers<>(const ModelFolder&, std::optional<nn::Mode>);              \
+  prefix std::vector<AttentionLayout> detail::deepseek_layers<>(const ModelFolder&, std::optional<nn::Mode>);           \
+  prefix std::vector<AttentionLayout> attention_layers<>(Arch, const ModelFolder&, std::optional<nn::Mode>);
+#ifdef BD_COMPILED_IO
+BD_CHECKPOINT_INSTANTIATIONS(extern template)
+#endif
+
 }  // namespace bd::io

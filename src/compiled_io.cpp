@@ -1,0 +1,12 @@
+// bd::compiled — bd::io's heavy functions, where bd::io is built (nlohmann-json found): the
+// checkpoint layouts of every model family, the conversion, BD checkpoints' indices. Headers
+// declare them extern under BD_COMPILED_IO, which bd::compiled defines when it holds them.
+#include <bd/io/bd_checkpoint.hpp>
+#include <bd/io/checkpoint.hpp>
+#include <bd/io/convert.hpp>
+
+namespace bd::io {
+BD_CHECKPOINT_INSTANTIATIONS(template)
+BD_CONVERT_INSTANTIATIONS(template)
+BD_BD_CHECKPOINT_INSTANTIATIONS(template)
+}  // namespace bd::io
