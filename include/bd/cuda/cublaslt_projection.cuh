@@ -134,12 +134,7 @@ public:
   Status run(const Arguments& a, cudaStream_t stream = nullptr) const {
     Status s = check(a);
     if (!s) return s;
-    if (!planned_ || a.rows != shape_.rows || a.input_dim != shape_.input_dim || a.head_dim != shape_.head_dim ||
-        a.heads != shape_.heads || a.window_offset != shape_.window_offset)
-      return Status::failure("CublasLtBDProjection: run() with a shape plan() was not given; call plan() for rows " +
-                             detail::describe(a.rows) + ", input_dim " + detail::describe(a.input_dim) + ", head_dim " +
-                             detail::describe(a.head_dim) + ", heads " + detail::describe(a.heads) + ", window_offset " +
-                             detail::describe(a.window_offset) + " first");
+    if (!(s = detail::check_planned(a, shape_, planned_, "CublasLtBDProjection"))) return s;
     if (a.rows == 0) return Status::success();
     if (!(s = detail::no_pending_error("CublasLtBDProjection"))) return s;
     if (gather_) {

@@ -105,6 +105,17 @@ Status check_arguments(const ProjectionArguments<T>& a, const char* who) {
   return Status::success();
 }
 
+/// The check of a planned implementation's run(): arguments of the shape plan() was given.
+template <typename T>
+Status check_planned(const ProjectionArguments<T>& a, const ProjectionArguments<T>& planned, bool is_planned, const char* who) {
+  if (is_planned && a.rows == planned.rows && a.input_dim == planned.input_dim && a.head_dim == planned.head_dim &&
+      a.heads == planned.heads && a.window_offset == planned.window_offset)
+    return Status::success();
+  return Status::failure(std::string(who) + ": run() with a shape plan() was not given; call plan() for rows " + describe(a.rows) +
+                         ", input_dim " + describe(a.input_dim) + ", head_dim " + describe(a.head_dim) + ", heads " +
+                         describe(a.heads) + ", window_offset " + describe(a.window_offset) + " first");
+}
+
 /// The device check every implementation makes against the DeviceInfo it cached.
 inline Status check_device(const DeviceInfo& device, int min_capability, const char* who, const char* needs) {
   if (!device.present()) return Status::failure(std::string(who) + ": no CUDA device is present");
