@@ -6,8 +6,10 @@
 // Writes the synthetic DeepSeek-V2-Lite-shaped checkpoint of bench/synthetic_checkpoint.hpp
 // (3.45 GB of bf16 at 27 layers, 4 shards) into WORK_DIR/input unless it is there, runs
 // BD_CONVERT on it into WORK_DIR/output (a folder), reads the result back (every shard and the
-// index validated; the BD tensors' shapes checked) and prints one JSON line: input bytes,
-// seconds, peak resident memory of the bd-convert process (getrusage of the child), throughput.
+// index validated; the BD tensors' shapes checked; the first and the last layer's outputs, as
+// stored, against the dense layers of the input: within 8 units of the stored type's roundoff)
+// and prints one JSON line: input bytes, seconds, peak resident memory of the bd-convert process
+// (getrusage of the child), throughput, the spot check's error.
 // Exit 1 when the peak exceeds --max-rss-mb or the output is wrong; 77 (skipped) when WORK_DIR's
 // disk lacks room for input and output. Both are removed at the end unless --keep (a kept input
 // is reused by the next run).
@@ -16,13 +18,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
+#include <bd/io/bd_checkpoint.hpp>
+#include <bd/io/checkpoint.hpp>
 #include <bd/io/model_folder.hpp>
 
 #include "synthetic_checkpoint.hpp"
@@ -127,9 +133,33 @@ int main(int argc, char** argv) {
       ++errors;
     }
   }
+  // Spot check: layers 0 and L−1 as stored (BD tensors rounded to the written type, computed in
+  // float) against the dense layers read from the input (in double), on 4 tokens. B and C carry
+  // one rounding each and the chosen bases keep |C| near one, so the outputs err by a few units
+  // of the type's roundoff u; 8u leaves room, a wrong tensor errs by order one.
+  double spot_error = 0;
+  const bd::Storage stored = bd::io::recorded_options(m).storage;
+  const double spot_bound = 8 * bd::dispatch(stored, [](auto t) { return bd::unit_roundoff<typename decltype(t)::type>(); });
+  for (const int l : {0, ckpt.layers - 1}) {
+    const auto dense = bd::io::load_attention_layer<double>(input, bd::io::Arch::DeepSeekV2, std::size_t(l));
+    const auto converted = bd::io::load_bd_attention_layer<float>(output, std::size_t(l));
+    std::mt19937_64 rng(std::uint64_t(l) + 1);
+    std::normal_distribution<double> normal;
+    const Eigen::MatrixXd x = Eigen::MatrixXd::NullaryExpr(4, dense.input_dim(), [&] { return normal(rng); });
+    const Eigen::MatrixXd want = dense.forward(x);
+    const Eigen::MatrixXd got = converted.forward(x.cast<float>()).cast<double>();
+    const double error = (got - want).cwiseAbs().maxCoeff() / want.cwiseAbs().maxCoeff();
+    spot_error = std::max(spot_error, error);
+    if (!(error <= spot_bound)) {
+      std::fprintf(stderr, "output: layer %d's forward errs by %.3g relative, above %.3g (8u of %s)\n", l, error, spot_bound,
+                   bd::to_string(stored));
+      ++errors;
+    }
+  }
   std::printf("{\"input_bytes\": %llu, \"layers\": %d, \"shards\": %d, \"seconds\": %.2f, \"peak_rss_mb\": %.0f, "
-              "\"throughput_mb_s\": %.0f, \"max_rss_mb\": %.0f}\n",
-              (unsigned long long)need, ckpt.layers, ckpt.shards, seconds, rss_mb, double(need) / 1e6 / seconds, max_rss_mb);
+              "\"throughput_mb_s\": %.0f, \"max_rss_mb\": %.0f, \"spot_check_max_rel_err\": %.3g}\n",
+              (unsigned long long)need, ckpt.layers, ckpt.shards, seconds, rss_mb, double(need) / 1e6 / seconds, max_rss_mb,
+              spot_error);
   if (!keep) {
     fs::remove_all(output);
     fs::remove_all(input);

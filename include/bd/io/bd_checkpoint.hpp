@@ -86,6 +86,18 @@ std::vector<nn::BDAttention<S>> load_bd_attention(const std::string& path) {
   return out;
 }
 
+/// Attention layer `layer` (0-based) of a BD checkpoint, weights stored in S, reading that
+/// layer's tensors only.
+template <typename S = float>
+nn::BDAttention<S> load_bd_attention_layer(const std::string& path, std::size_t layer) {
+  const ModelFolder m = ModelFolder::open(path);
+  const ConvertOptions r = recorded_options(m);
+  const std::vector<AttentionLayout> layers = attention_layers(r.arch, m, r.mode);
+  if (layer >= layers.size())
+    throw RangeError(bd::detail::message(path, ": layer ", layer, " requested, the checkpoint has ", layers.size()));
+  return detail::read_bd_layer<S>(m, layers[layer], r.mode);
+}
+
 /// A LLaMA model with BD attention from a checkpoint bd-convert wrote (--arch llama).
 template <typename S = float>
 nn::LlamaModel<S, nn::BDAttention<S>> load_bd_llama(const std::string& path) {

@@ -395,6 +395,17 @@ BD_DEFERRED std::vector<AttentionLayout> attention_layers(Arch arch, const Model
   return {};
 }
 
+/// Attention layer `layer` (0-based) of a model folder (or file) as a dense layer, weights
+/// rounded once to S, reading that layer's tensors only: a large model checked layer by layer.
+template <typename S = double>
+nn::MultiHeadAttention<S> load_attention_layer(const std::string& path, Arch arch, std::size_t layer) {
+  const ModelFolder m = ModelFolder::open(path);
+  const std::vector<AttentionLayout> layers = attention_layers(arch, m);
+  if (layer >= layers.size())
+    throw RangeError(bd::detail::message(path, ": layer ", layer, " requested, the checkpoint has ", layers.size()));
+  return nn::MultiHeadAttention<S>(layers[layer].config, layers[layer].load().template cast<S>());
+}
+
 /// Every attention layer of a model folder (or file) as a dense layer, weights rounded once to
 /// S: the reference a converted or BD-prepared layer is checked against.
 template <typename S = double>
