@@ -18,11 +18,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh test
 jobs=$(nproc)
+# "bd: [N s, M.m min] step K (…) done": each step's end on the clock from the start.
+done_step() { echo "bd: [${SECONDS} s, $((SECONDS / 60)).$((SECONDS % 60 * 10 / 60)) min] step $1 done"; }
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
-echo "bd: [${SECONDS} s] step 1 (Release build and ctest) done"
+done_step "1 (Release build and ctest)"
 
 cmake -S . -B build-v4 -DCMAKE_BUILD_TYPE=Release -DBD_MARCH=x86-64-v4 -DBD_WITH_CUDA=OFF -DBD_BUILD_EXAMPLES=OFF \
   -DBD_BUILD_TOOLS=OFF
@@ -33,16 +35,16 @@ if grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw
 else
   echo "bd: this CPU lacks AVX-512: the x86-64-v4 build was compiled, not run"
 fi
-echo "bd: [${SECONDS} s] step 2 (x86-64-v4 kernel tests) done"
+done_step "2 (x86-64-v4 kernel tests)"
 
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_BUILD_BENCHMARKS=OFF -DBD_BUILD_EXAMPLES=OFF -DBD_WITH_CUDA=OFF \
   -DBD_BUILD_TOOLS=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="$sanitize" \
   -DCMAKE_EXE_LINKER_FLAGS="$sanitize"
-cmake --build build-asan -j"$jobs" --target bd_kernel_tests bd_nn_tests bd_io_tests
+cmake --build build-asan -j"$jobs" --target bd_sanitized_tests
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "kernel|nn|io"
-echo "bd: [${SECONDS} s] step 3 (sanitizers) done"
+done_step "3 (sanitizers)"
 
 cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_BUILD_FUZZERS=ON \
   -DBD_BUILD_TESTS=OFF -DBD_BUILD_BENCHMARKS=OFF -DBD_BUILD_EXAMPLES=OFF -DBD_BUILD_TOOLS=OFF -DBD_WITH_OPENMP=OFF -DBD_WITH_CUDA=OFF \
@@ -53,4 +55,4 @@ corpus=$(mktemp -d)
   "$corpus" tests/fuzz/seeds 2>&1 | tail -n 4
 rm -rf "$corpus"
 echo "bd: fuzzing found no crash"
-echo "bd: [${SECONDS} s] step 4 (fuzzing) done"
+done_step "4 (fuzzing)"
