@@ -1,9 +1,12 @@
 // Decomposes every attention layer of a synthetic model with DeepSeek-V2-Lite's shapes and
-// prints, per basis strategy, the parameters saved, the NMSE and the preparation time.
+// prints, per basis strategy, the parameters saved, the NMSE and the preparation time. It checks
+// what it prints: BD saves exactly r² parameters per head and product (r = d_h), and, with
+// --max-nmse, every strategy's NMSE is at most that (exit 1 otherwise).
 //
-//   deepseek_demo [--layers N] [--dtype f64|f32|f16|bf16] [--strategies first,last,...]
+//   deepseek_demo [--layers N] [--dtype f64|f32|f16|bf16] [--strategies first,last,...] [--max-nmse X]
 #include <bd/bd.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -18,7 +21,7 @@ namespace {
 struct Row {
   std::string strategy;
   double nmse_qk = 0, nmse_vo = 0, seconds = 0;
-  long long params_before = 0, params_after = 0;
+  long long params_before = 0, params_after = 0, r_squared = 0;
   std::string window_note;
 };
 
@@ -38,8 +41,10 @@ Row run(bd::Basis basis, const std::vector<bd::synthetic::AttentionLayerFactors>
     row.nmse_vo += v.mean_nmse() / static_cast<double>(layers.size());
     shared += q.shared() + v.shared();
     // Dense: Wq, W_uk, W_uv, Wo per head; BD: the decompositions replace all four.
-    for (std::size_t h = 0; h < layer.q.size(); ++h)
+    for (std::size_t h = 0; h < layer.q.size(); ++h) {
       row.params_before += layer.q[h].size() + layer.uk[h].size() + layer.uv[h].size() + layer.o[h].size();
+      row.r_squared += layer.q[h].cols() * layer.q[h].cols() + layer.uv[h].cols() * layer.uv[h].cols();
+    }
     row.params_after += q.parameters() + v.parameters();
   }
   row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -55,7 +60,7 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--layers N (1..27)] [--dtype f64|f32|f16|bf16] [--strategies first,last,residual-min,offset-search,pivoted,auto]\n", argv0);
+  std::fprintf(stderr, "usage: %s [--layers N (1..27)] [--dtype f64|f32|f16|bf16] [--strategies first,last,residual-min,offset-search,pivoted,auto] [--max-nmse X]\n", argv0);
   return 2;
 }
 
@@ -65,6 +70,7 @@ int main(int argc, char** argv) {
   int layer_count = bd::synthetic::DeepSeekV2Lite::layers;
   bd::Storage storage = bd::Storage::f16;
   std::vector<std::string> strategies{"first", "residual-min", "offset-search", "pivoted", "auto"};
+  double max_nmse = -1;  // no check
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (!std::strcmp(argv[i], "--layers") && has_value) layer_count = std::atoi(argv[++i]);
@@ -77,6 +83,7 @@ int main(int argc, char** argv) {
       }
     }
     else if (!std::strcmp(argv[i], "--strategies") && has_value) strategies = split(argv[++i]);
+    else if (!std::strcmp(argv[i], "--max-nmse") && has_value) max_nmse = std::atof(argv[++i]);
     else return usage(argv[0]);
   }
   if (layer_count < 1 || layer_count > bd::synthetic::DeepSeekV2Lite::layers)
@@ -98,6 +105,15 @@ int main(int argc, char** argv) {
                   row.params_after, 100.0 * (1.0 - double(row.params_after) / double(row.params_before)), row.nmse_qk,
                   row.nmse_vo, row.seconds, row.window_note.c_str());
       std::fflush(stdout);
+      if (row.params_before - row.params_after != row.r_squared) {
+        std::fprintf(stderr, "error: %s saved %lld parameters, expected r^2 per head and product: %lld\n", row.strategy.c_str(),
+                     row.params_before - row.params_after, row.r_squared);
+        return 1;
+      }
+      if (max_nmse >= 0 && !(std::max(row.nmse_qk, row.nmse_vo) <= max_nmse)) {
+        std::fprintf(stderr, "error: %s: NMSE above --max-nmse %g\n", row.strategy.c_str(), max_nmse);
+        return 1;
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -99,10 +99,13 @@ TEST_CASE("attention over linear layers refuses projections that do not fit its 
   c.n_q = 4, c.n_kv = 2, c.head_dim = 8;
   const DenseLinear<double> q(gaussian(16, 32, 1)), kv(gaussian(16, 16, 2)), o(gaussian(32, 16, 3));
   CHECK_NOTHROW(ProjectedAttention<DenseLinear<double>>(c, q, kv, kv, o));
-  CHECK_THROWS_WITH(ProjectedAttention<DenseLinear<double>>(c, q, q, kv, o), Contains("k's output width is 32, expected 16"));
-  CHECK_THROWS_WITH(ProjectedAttention<DenseLinear<double>>(c, q, kv, kv, q), Contains("o's input width is 16, expected 32"));
+  BD_CHECK_THROWS_CONTAINING(ProjectedAttention<DenseLinear<double>>(c, q, q, kv, o), bd::ShapeError,
+                             Contains("k's output width is 32, expected 16"));
+  BD_CHECK_THROWS_CONTAINING(ProjectedAttention<DenseLinear<double>>(c, q, kv, kv, q), bd::ShapeError,
+                             Contains("o's input width is 16, expected 32"));
   c.rope_dim = 4;
-  CHECK_THROWS_WITH(ProjectedAttention<DenseLinear<double>>(c, q, kv, kv, o), Contains("no decoupled RoPE"));
+  BD_CHECK_THROWS_CONTAINING(ProjectedAttention<DenseLinear<double>>(c, q, kv, kv, o), bd::RefusedError,
+                             Contains("no decoupled RoPE"));
 }
 
 TEST_CASE("decoding with the KV cache equals the whole-sequence logits, in any chunks", "[decoder]") {
@@ -117,7 +120,7 @@ TEST_CASE("decoding with the KV cache equals the whole-sequence logits, in any c
   model.decode(some_tokens(4, 37), cache);
   cache.truncate(2);  // forget two tokens: decoding goes on from position 2
   CHECK(max_rel(model.decode({tokens[2], tokens[3]}, cache), whole.middleRows(2, 2)) < 1e-12);
-  CHECK_THROWS_WITH(model.decode({37}, cache), Contains("outside the vocabulary of 37"));
+  BD_CHECK_THROWS_CONTAINING(model.decode({37}, cache), bd::RangeError, Contains("outside the vocabulary of 37"));
 }
 
 TEST_CASE("a low-rank model's BD form equals it with r^2 fewer parameters per linear layer", "[decoder][linear]") {

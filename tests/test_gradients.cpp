@@ -112,13 +112,32 @@ TEST_CASE("linear layers: dense, low-rank and BD gradients equal finite differen
   }
 }
 
-TEST_CASE("BD linear: the gradient of y with respect to B and C is the low-rank layer's pulled back", "[gradients][linear]") {
-  // ∂x is a property of the function, so BD's equals the low-rank layer's it was prepared from.
+TEST_CASE("BD linear: the gradients of B and C are the dense gradient of W pulled back through W(B, C)", "[gradients][linear]") {
+  // Column form: W[:, S] = B, W[:, R] = B·C. With G = xᵀ·∂y, the gradient of the same layer in
+  // dense form, the chain rule gives ∂B = G[:, S] + G[:, R]·Cᵀ and ∂C = Bᵀ·G[:, R] — written
+  // here from the decomposition's indices with Eigen, apart from BDLinear's backward. ∂x is a
+  // property of the function: the low-rank layer's.
   const LowRankLinear<double> low_rank(gaussian(24, 5, 6) / 5, gaussian(18, 5, 7) / 2);
-  const auto bd_layer = BDLinear<double>::from_low_rank(low_rank);
-  const MatrixXd x = gaussian(4, 24, 8), dy = gaussian(4, 18, 9);
-  CHECK(bd_test::max_rel(bd_layer.backward(x, dy).input, low_rank.backward(x, dy).input) < 1e-12);
-  CHECK(bd_layer.trainable_count() == 2);
+  for (bd::Basis basis : {bd::Basis::First, bd::Basis::Pivoted}) {
+    INFO("basis " << bd::to_string(basis));
+    const auto bd_layer = BDLinear<double>::from_low_rank(low_rank, bd::Options{}.with_basis(basis));
+    const MatrixXd x = gaussian(4, 24, 8), dy = gaussian(4, 18, 9);
+    const auto g = bd_layer.backward(x, dy);
+    REQUIRE(g.parameters.size() == 2);
+    const auto& d = bd_layer.decomposition();
+    REQUIRE(d.side() == bd::Side::Col);
+    const MatrixXd G = x.transpose() * dy;
+    const auto S = d.indices();
+    const auto R = d.rest();
+    MatrixXd G_S(G.rows(), Index(S.size())), G_R(G.rows(), Index(R.size()));
+    for (std::size_t k = 0; k < S.size(); ++k) G_S.col(Index(k)) = G.col(S[k]);
+    for (std::size_t k = 0; k < R.size(); ++k) G_R.col(Index(k)) = G.col(R[k]);
+    const MatrixXd B = d.basis(), C = d.coeff();
+    CHECK(bd_test::max_rel(g.parameters[0], MatrixXd(G_S + G_R * C.transpose())) < 1e-12);
+    CHECK(bd_test::max_rel(g.parameters[1], MatrixXd(B.transpose() * G_R)) < 1e-12);
+    CHECK(bd_test::max_rel(g.input, low_rank.backward(x, dy).input) < 1e-12);
+    CHECK(bd_layer.trainable_count() == 2);
+  }
 }
 
 TEST_CASE("dense attention gradients equal finite differences: MHA, GQA, biases, RoPE, causal, cross", "[gradients][attention]") {
@@ -198,9 +217,11 @@ TEST_CASE("backward refuses MLA and shapes that do not fit", "[gradients][bad-in
   bd_test::LayerSpec s;
   s.d_model_kv = 40, s.rope_dim = 4;
   const auto mla = bd_test::random_attention(s, 3);
-  CHECK_THROWS_WITH(mla.backward(gaussian(3, 48, 1), gaussian(3, 48, 2)), Contains("MLA"));
+  BD_CHECK_THROWS_CONTAINING(mla.backward(gaussian(3, 48, 1), gaussian(3, 48, 2)), bd::RefusedError, Contains("MLA"));
   const auto mha = bd_test::random_attention(bd_test::LayerSpec{}, 4);
-  CHECK_THROWS_WITH(mha.backward(gaussian(3, 48, 1), gaussian(2, 48, 2)), Contains("dy is 2x48, expected 3x48"));
+  BD_CHECK_THROWS_CONTAINING(mha.backward(gaussian(3, 48, 1), gaussian(2, 48, 2)), bd::ShapeError,
+                             Contains("dy is 2x48, expected 3x48"));
   const DenseLinear<double> linear(gaussian(5, 4, 1));
-  CHECK_THROWS_WITH(linear.backward(gaussian(2, 5, 1), gaussian(2, 3, 2)), Contains("output is 2x3, expected 2x4"));
+  BD_CHECK_THROWS_CONTAINING(linear.backward(gaussian(2, 5, 1), gaussian(2, 3, 2)), bd::ShapeError,
+                             Contains("output is 2x3, expected 2x4"));
 }

@@ -4,7 +4,9 @@
 // CPU runs; an expression without direct access is evaluated first.
 #include <bd/kernel/matmul.hpp>
 
+#include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "support.hpp"
 
@@ -13,15 +15,27 @@ namespace {
 template <typename T>
 using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
 
-// Both sides sum the same depth-K products in different orders: |error| ≤ K·u·Σ|a||b|, and with
-// unit Gaussian entries Σ|a||b| stays below 4·sqrt(K)·max|a·b| in these sizes; 64·K·u bounds it.
+// The product of a and b held entrywise to Eigen's product of the same operands in double:
+// |got − a·b|ᵢⱼ ≤ c·√K·u·(|a|·|b|)ᵢⱼ. The worst case of a depth-K sum is K·u·(|a||b|)ᵢⱼ (Higham,
+// §3.5); rounding errors of random sign grow like √K (§2.8), and c = 4 leaves room for the
+// blocking's partial sums; for double, c = 8 covers the reference's own rounding too. Entrywise,
+// against the operands' magnitudes, so that a kernel that packed its float operands in bf16 or
+// fp16 (u 2⁻⁸ or 2⁻¹¹), or its double operands in float, fails at every depth tried here.
 template <typename T>
-void expect_close(const Mat<T>& got, const Mat<T>& want, Eigen::Index depth) {
-  const double bound = 64.0 * double(depth) * double(Eigen::NumTraits<T>::epsilon());
-  const double scale = std::max(1.0, double(want.cwiseAbs().maxCoeff()));
-  REQUIRE(got.rows() == want.rows());
-  REQUIRE(got.cols() == want.cols());
-  CHECK(double((got - want).cwiseAbs().maxCoeff()) <= bound * scale);
+void expect_product(const Mat<T>& got, const Eigen::MatrixXd& a, const Eigen::MatrixXd& b) {
+  REQUIRE(got.rows() == a.rows());
+  REQUIRE(got.cols() == b.cols());
+  const double c = std::is_same_v<T, double> ? 8.0 : 4.0;
+  const Eigen::MatrixXd magnitude = a.cwiseAbs() * b.cwiseAbs();
+  const Eigen::ArrayXXd bound = c * std::sqrt(double(a.cols())) * double(Eigen::NumTraits<T>::epsilon()) * magnitude.array();
+  const Eigen::ArrayXXd error = (got.template cast<double>() - a * b).array().abs();
+  INFO("worst error / bound: " << (error / bound).maxCoeff());
+  CHECK((error <= bound).all());
+}
+
+template <typename T>
+Eigen::MatrixXd wide(const Mat<T>& m) {
+  return m.template cast<double>();
 }
 
 template <typename T>
@@ -29,21 +43,21 @@ void check_orders(Eigen::Index L, Eigen::Index K, Eigen::Index N, unsigned seed)
   INFO("L = " << L << ", K = " << K << ", N = " << N);
   const Mat<T> a = bd_test::gaussian(L, K, seed).cast<T>(), b = bd_test::gaussian(K, N, seed + 1).cast<T>();
   const Mat<T> at = a.transpose(), bt = b.transpose();
-  const Mat<T> want = a * b;
-  expect_close<T>(bd::kernel::matmul(a, b), want, K);
-  expect_close<T>(bd::kernel::matmul(at.transpose(), b), want, K);              // X row-major
-  expect_close<T>(bd::kernel::matmul(a, bt.transpose()), want, K);              // B row-major
-  expect_close<T>(bd::kernel::matmul(at.transpose(), bt.transpose()), want, K); // both
+  const Eigen::MatrixXd A = wide(a), B = wide(b);
+  expect_product<T>(bd::kernel::matmul(a, b), A, B);
+  expect_product<T>(bd::kernel::matmul(at.transpose(), b), A, B);              // X row-major
+  expect_product<T>(bd::kernel::matmul(a, bt.transpose()), A, B);              // B row-major
+  expect_product<T>(bd::kernel::matmul(at.transpose(), bt.transpose()), A, B); // both
   // Blocks with a leading dimension larger than their rows, and an expression without direct
   // access (evaluated first).
-  const Mat<T> wide = bd_test::gaussian(L + 5, K + 3, seed + 2).cast<T>();
-  expect_close<T>(bd::kernel::matmul(wide.block(2, 1, L, K), b), Mat<T>(wide.block(2, 1, L, K) * b), K);
-  expect_close<T>(bd::kernel::matmul(T(2) * a, b), Mat<T>(T(2) * want), K);
+  const Mat<T> wider = bd_test::gaussian(L + 5, K + 3, seed + 2).cast<T>();
+  expect_product<T>(bd::kernel::matmul(wider.block(2, 1, L, K), b), wide<T>(wider.block(2, 1, L, K)), B);
+  expect_product<T>(bd::kernel::matmul(T(2) * a, b), 2.0 * A, B);
   // Into a block of a larger output, columns outside it untouched.
   Mat<T> out = Mat<T>::Constant(L, N + 2, T(7));
   auto inner = out.middleCols(1, N);
   bd::kernel::matmul_into(at.transpose(), b, inner);
-  expect_close<T>(Mat<T>(out.middleCols(1, N)), want, K);
+  expect_product<T>(Mat<T>(out.middleCols(1, N)), A, B);
   CHECK((out.col(0).array() == T(7)).all());
   CHECK((out.col(N + 1).array() == T(7)).all());
 }
@@ -86,13 +100,14 @@ void check_gram(Eigen::Index K, Eigen::Index N, unsigned seed) {
   CHECK(g.allFinite());
   CHECK(g == Mat<T>(g.transpose()));  // exactly symmetric
   CHECK(Mat<T>(g.template triangularView<Eigen::Lower>()) == Mat<T>(full.template triangularView<Eigen::Lower>()));
-  expect_close<T>(g, Mat<T>(a.transpose() * a), K);
+  const Eigen::MatrixXd A = wide(a);
+  expect_product<T>(g, A.transpose(), A);
   // The transposed operand: gram(aᵀ) = a·aᵀ, read in place.
   const Mat<T> at = a.transpose();
-  expect_close<T>(bd::kernel::gram(at.transpose()), g, K);
+  expect_product<T>(bd::kernel::gram(at.transpose()), A.transpose(), A);
   if (K > 600) return;  // a·aᵀ of the tall shapes is a large product, no other path
   const Mat<T> outer = bd::kernel::gram(a.transpose());
-  expect_close<T>(outer, Mat<T>(a * a.transpose()), N);
+  expect_product<T>(outer, A, A.transpose());
   CHECK(outer == Mat<T>(outer.transpose()));
 }
 
@@ -116,12 +131,12 @@ TEST_CASE("matmul_upper: a·u for an upper-triangular u equals the dense product
       const Eigen::MatrixXd u = bd_test::gaussian(N, N, 37u + unsigned(L)).triangularView<Eigen::Upper>();
       Eigen::MatrixXd got = Eigen::MatrixXd::Constant(L, N, 7.0);
       bd::kernel::matmul_upper_into(a, u, got);
-      expect_close<double>(got, Eigen::MatrixXd(a * u), N);
+      expect_product<double>(got, a, u);
       // Read in place from the transpose of a lower-triangular matrix, as Cholesky QR does.
       const Eigen::MatrixXd l = u.transpose();
       got.setConstant(7.0);
       bd::kernel::matmul_upper_into(a, l.transpose(), got);
-      expect_close<double>(got, Eigen::MatrixXd(a * u), N);
+      expect_product<double>(got, a, u);
     }
   });
 }
@@ -135,12 +150,12 @@ TEST_CASE("matmul_lower: a·l for a lower-triangular l equals the dense product"
       const Eigen::MatrixXd l = bd_test::gaussian(N, N, 43u + unsigned(L)).triangularView<Eigen::Lower>();
       Eigen::MatrixXd got = Eigen::MatrixXd::Constant(L, N, 7.0);
       bd::kernel::matmul_lower_into(a, l, got);
-      expect_close<double>(got, Eigen::MatrixXd(a * l), N);
+      expect_product<double>(got, a, l);
       // a read in place as the transpose of another matrix, as the inverse from an LU reads U⁻¹.
       const Eigen::MatrixXd at = a.transpose();
       got.setConstant(7.0);
       bd::kernel::matmul_lower_into(at.transpose(), l, got);
-      expect_close<double>(got, Eigen::MatrixXd(a * l), N);
+      expect_product<double>(got, a, l);
     }
   });
 }

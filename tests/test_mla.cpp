@@ -213,7 +213,8 @@ TEST_CASE("MLA latent reordering refuses what it cannot do, with a message", "[m
   order[5] = 32;
   BD_CHECK_THROWS_CONTAINING(bd::nn::permute_latent(layer, order), bd::RangeError, Contains("out of range"));
   order.pop_back();
-  BD_CHECK_THROWS_CONTAINING(bd::nn::permute_latent(first, order), bd::ShapeError, Contains("expected the latent width 32"));
+  BD_CHECK_THROWS_CONTAINING(bd::nn::permute_latent(first, order), bd::ShapeError,
+                             Contains("expected the latent width 32"));
   bd_test::LayerSpec plain;
   const auto mha = BDAttention<double>::prepare(bd_test::random_attention(plain, 4), allow);
   BD_CHECK_THROWS_CONTAINING(bd::nn::latent_window_last(mha), bd::RefusedError, Contains("needs an MLA layer"));

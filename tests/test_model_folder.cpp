@@ -86,14 +86,17 @@ TEST_CASE("a hostile index is refused with the shard and tensor named", "[io][fo
   }
   SECTION("a shard path that leaves the folder") {
     const fs::path dir = two_shards("bd_folder_path", {{"a", "../" + kShard1}, {"v", kShard1}, {"b", kShard2}});
-    BD_CHECK_THROWS_CONTAINING(ModelFolder::open(dir.string()), bd::FormatError, Contains("expected a file name inside"));
+    BD_CHECK_THROWS_CONTAINING(ModelFolder::open(dir.string()), bd::FormatError,
+                               Contains("expected a file name inside"));
   }
   SECTION("weight_map is not an object, or the index not JSON") {
     const fs::path dir = two_shards("bd_folder_map");
     write_index(dir, R"({"weight_map": ["a"]})");
-    BD_CHECK_THROWS_CONTAINING(ModelFolder::open(dir.string()), bd::FormatError, Contains("lacks the object 'weight_map'"));
+    BD_CHECK_THROWS_CONTAINING(ModelFolder::open(dir.string()), bd::FormatError,
+                               Contains("lacks the object 'weight_map'"));
     write_index(dir, R"({"weight_map": {"a": 3}})");
-    BD_CHECK_THROWS_CONTAINING(ModelFolder::open(dir.string()), bd::FormatError, Contains("expected a shard file name"));
+    BD_CHECK_THROWS_CONTAINING(ModelFolder::open(dir.string()), bd::FormatError,
+                               Contains("expected a shard file name"));
     write_index(dir, "{\"weight_map\": ");
     BD_CHECK_THROWS_CONTAINING(ModelFolder::open(dir.string()), bd::FormatError, Contains("not a JSON object"));
   }
@@ -151,8 +154,10 @@ TEST_CASE("FP8 block-scaled weights are dequantized exactly, blocks from the con
   for (Eigen::Index i = 0; i < rows; ++i)
     for (Eigen::Index j = 0; j < cols; ++j)
       CHECK(got(i, j) == double(bd::io::fp8_e4m3_value(codes[std::size_t(i * cols + j)])) * double(scales(i / 2, j / 4)));
-  BD_CHECK_THROWS_CONTAINING(m.matrix("unscaled.weight", 2, 2), bd::FormatError, Contains("has no block scales 'unscaled.weight_scale_inv'"));
-  BD_CHECK_THROWS_CONTAINING(m.matrix("bad_scales.weight", 2, 2), bd::FormatError, Contains("expected 1x1 for a 2x2 weight in 2x4 blocks"));
+  BD_CHECK_THROWS_CONTAINING(m.matrix("unscaled.weight", 2, 2), bd::FormatError,
+                             Contains("has no block scales 'unscaled.weight_scale_inv'"));
+  BD_CHECK_THROWS_CONTAINING(m.matrix("bad_scales.weight", 2, 2), bd::FormatError,
+                             Contains("expected 1x1 for a 2x2 weight in 2x4 blocks"));
   fs::remove_all(dir);
 }
 
@@ -431,7 +436,8 @@ TEST_CASE("DeepSeek folder converted with the latent window last: one K' call pe
 
   // What it cannot do is refused before anything is written.
   o.mode = bd::nn::Mode::QK;
-  BD_CHECK_THROWS_CONTAINING(bd::io::convert_checkpoint(in.string(), out.string(), o), bd::RefusedError, Contains("mode qkvo"));
+  BD_CHECK_THROWS_CONTAINING(bd::io::convert_checkpoint(in.string(), out.string(), o), bd::RefusedError,
+                             Contains("mode qkvo"));
   CHECK_FALSE(fs::exists(out));
   o.mode = bd::nn::Mode::QKVO;
   o.decomposition.basis = bd::Basis::Pivoted;

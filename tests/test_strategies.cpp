@@ -191,10 +191,16 @@ TEST_CASE("auto's screen: a few products bound every window's mean estimate from
   CHECK(used == 1);
   CHECK(first > 0);
   CHECK(first <= best_mean);
-  // Just under the best window's mean: more products are taken, the bound never passes it.
-  const double tight = bd::ranking::screened_window_bound(ps, opts, 0.999 * best_mean, used);
-  CHECK((tight < 0 || tight <= best_mean));
-  CHECK(used <= heads / 4);
+  // A limit at the first bound: a second product raises every window's bound (its terms are
+  // positive), which decides, and the bound still never passes the best window's mean.
+  const double second = bd::ranking::screened_window_bound(ps, opts, first, used);
+  CHECK(used == 2);
+  CHECK(second > first);
+  CHECK(second <= best_mean);
+  // Just under the best window's mean: the quarter of the products the screen may take cannot
+  // prove it (this set's bound after 3 products stays below 0.999 of it), so it does not decide.
+  CHECK(bd::ranking::screened_window_bound(ps, opts, 0.999 * best_mean, used) < 0);
+  CHECK(used == heads / 4);
   CHECK(bd::ranking::screened_window_bound(ps, opts, best_mean, used) < 0);  // never proves the best over its own mean
 }
 
