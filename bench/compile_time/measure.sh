@@ -4,8 +4,9 @@
 # /usr/bin/time -v. Three programs: Eigen's heavy machinery alone (eigen_baseline.cpp, the
 # yardstick), the README's example (examples/quickstart.cpp: one decompose_product<Eigen::half>)
 # and an attention program (examples/attention_layer.cpp: BDAttention<float>::prepare, forward
-# and cached decoding). Usage: bench/compile_time/measure.sh [repetitions, default 3]; prints the
-# median seconds and peak RSS of each, and the CPU it ran on.
+# and cached decoding), each also as a bd::compiled user compiles it. Usage:
+# bench/compile_time/measure.sh [repetitions, default 3]; prints the median seconds and peak RSS of
+# each, and the CPU it ran on.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reps=${1:-3}
@@ -15,14 +16,19 @@ flags="-std=c++17 -O3 -DNDEBUG -fopenmp $eigen -Iinclude"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores; $($cxx --version | head -n 1)"
-printf '%-34s %10s %14s\n' program "seconds" "peak RSS MB"
-for src in bench/compile_time/eigen_baseline.cpp examples/quickstart.cpp examples/attention_layer.cpp; do
+printf '%-46s %10s %14s\n' program "seconds" "peak RSS MB"
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+# Each program header-only, then the two bd programs as a bd::compiled user compiles them
+# (BD_COMPILED_LIB: bd's heavy instantiations declared extern, taken from the library at link).
+for entry in bench/compile_time/eigen_baseline.cpp examples/quickstart.cpp examples/attention_layer.cpp \
+             examples/quickstart.cpp:compiled examples/attention_layer.cpp:compiled; do
+  src=${entry%%:*} extra="" label=$src
+  if [[ $entry == *:compiled ]]; then extra=-DBD_COMPILED_LIB label="$src (bd::compiled)"; fi
   times=() rss=()
   for ((r = 0; r < reps; ++r)); do
-    /usr/bin/time -v -o "$out/time" $cxx $flags -c "$src" -o "$out/a.o"
+    /usr/bin/time -v -o "$out/time" $cxx $flags $extra -c "$src" -o "$out/a.o"
     times+=("$(awk -F': ' '/Elapsed \(wall clock\)/ {n = split($2, t, ":"); s = 0; for (i = 1; i <= n; ++i) s = s * 60 + t[i]; print s}' "$out/time")")
     rss+=("$(awk -F': ' '/Maximum resident set size/ {printf "%.0f", $2 / 1024}' "$out/time")")
   done
-  median() { printf '%s\n' "$@" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
-  printf '%-34s %10s %14s\n' "$src" "$(median "${times[@]}")" "$(median "${rss[@]}")"
+  printf '%-46s %10s %14s\n' "$label" "$(median "${times[@]}")" "$(median "${rss[@]}")"
 done
