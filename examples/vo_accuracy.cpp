@@ -2,7 +2,7 @@
 // product of every query head (Wv rows of its key/value group times its Wo columns), per basis
 // strategy and storage type, averaged over heads, computed in double against the exact product.
 //
-//   vo_accuracy MODEL_DIR        (e.g. ../shared/models/stories260K)
+//   vo_accuracy MODEL_DIR        (e.g. examples/models/stories260K)
 #include <bd/bd.hpp>
 #include <bd/io/safetensors.hpp>
 

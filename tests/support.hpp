@@ -125,23 +125,21 @@ void for_each_isa(Body&& body) {
   }
 }
 
-/// The folder beside the project root that holds the real model, or "" when absent.
-inline std::string shared_dir() {
-  if (const char* env = std::getenv("BD_SHARED_DIR")) return env;
-#ifdef BD_SHARED_DIR
-  return BD_SHARED_DIR;
-#else
-  return "";
-#endif
+/// The folder of the real models that ship with bd (examples/models), or BD_MODELS_DIR from the
+/// environment.
+inline std::string models_dir() {
+  if (const char* env = std::getenv("BD_MODELS_DIR")) return env;
+  return BD_MODELS_DIR;
 }
 
-/// Exits with 77 (ctest: skipped) and says why, when the real model is absent.
+/// The folder of a shipped model. It is part of the repository: a missing one is a broken
+/// checkout, so the test fails and says so (it is not skipped).
 inline std::string require_model(const std::string& name) {
-  const std::string dir = shared_dir() + "/models/" + name;
+  const std::string dir = models_dir() + "/" + name;
   if (!std::filesystem::exists(dir + "/model.safetensors")) {
-    std::cout << "SKIPPED: " << dir << "/model.safetensors not found; the real-model tests need the shared folder "
-              << "beside the project root (or BD_SHARED_DIR)\n";
-    std::exit(77);
+    std::cerr << "FAILED: " << dir << "/model.safetensors not found; it ships with bd (examples/models): "
+              << "is the checkout complete?\n";
+    std::exit(1);
   }
   return dir;
 }

@@ -81,16 +81,19 @@ TEST_CASE("BD on VO in fp32 changes perplexity by less than 1e-6 relative", "[re
   CHECK(std::abs(bd_ppl - dense) / dense < 1e-6);
 }
 
-TEST_CASE("fp16 and bf16: BD logit error within 1.9x (offset search) of the dense model in the type",
+// Measured on 2026-11-26 (eval_llama --table, docs/benchmarks.md): offset search 1.08x in f16 and
+// 1.26x in bf16, pivoted 0.97x and 1.03x; the bounds leave about 10 % for the summation order of
+// another instruction set.
+TEST_CASE("fp16 and bf16: BD logit error within 1.4x (offset search) of the dense model in the type",
           "[real-model][llama]") {
-  CHECK(error_ratio<Eigen::half>(bd::Basis::OffsetSearch) <= 1.9);
-  CHECK(error_ratio<Eigen::bfloat16>(bd::Basis::OffsetSearch) <= 1.9);
+  CHECK(error_ratio<Eigen::half>(bd::Basis::OffsetSearch) <= 1.4);
+  CHECK(error_ratio<Eigen::bfloat16>(bd::Basis::OffsetSearch) <= 1.4);
 }
 
-TEST_CASE("fp16 and bf16: BD logit error within 1.25x (pivoted) of the dense model in the type",
+TEST_CASE("fp16 and bf16: BD logit error within 1.15x (pivoted) of the dense model in the type",
           "[real-model][llama]") {
-  CHECK(error_ratio<Eigen::half>(bd::Basis::Pivoted) <= 1.25);
-  CHECK(error_ratio<Eigen::bfloat16>(bd::Basis::Pivoted) <= 1.25);
+  CHECK(error_ratio<Eigen::half>(bd::Basis::Pivoted) <= 1.15);
+  CHECK(error_ratio<Eigen::bfloat16>(bd::Basis::Pivoted) <= 1.15);
 }
 
 TEST_CASE("LLaMA: QK is refused under RoPE, VO is refused by the cost model (GQA 2:1)", "[real-model][llama]") {

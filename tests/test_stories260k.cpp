@@ -121,7 +121,7 @@ TEST_CASE("one shared window per layer: offset search beats the paper's residual
   }
   WARN("stories260K VO fp16 shared window: residual-min " << residual_min << ", offset-search " << offset_search);
   CHECK(offset_search < residual_min);
-  CHECK(offset_search <= 1.5e-6);  // docs/benchmarks.md's accuracy table: 1.14e-6
+  CHECK(offset_search <= 1.2e-6);  // docs/benchmarks.md's accuracy table: 8.91e-7 (2026-11-26)
 }
 
 TEST_CASE("auto on trained weights: a shared window when one meets the budget, else the pivoted bases, said so", "[real-model][auto]") {
