@@ -64,6 +64,18 @@ TEST_CASE("dense fp32 forward reproduces the reference logits to 1e-4", "[real-m
   CHECK(bd::nn::perplexity(r.exact, r.tokens) == Approx(std::stod(r.metadata.at("perplexity"))).epsilon(1e-5));
 }
 
+TEST_CASE("fed the reference tokens, the dense fp32 model predicts the reference's next token at every position",
+          "[real-model][llama]") {
+  const Reference& r = reference();
+  for (Eigen::Index i = 0; i < r.logits.rows(); ++i) {
+    Eigen::Index want = 0, got = 0;
+    r.logits.row(i).maxCoeff(&want);
+    r.exact.row(i).maxCoeff(&got);
+    INFO("position " << i);
+    CHECK(got == want);
+  }
+}
+
 TEST_CASE("BD on VO in fp32 changes perplexity by less than 1e-6 relative", "[real-model][llama]") {
   const Reference& r = reference();
   // The change BD makes is measured against the dense model's perplexity itself, the float64
