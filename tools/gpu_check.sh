@@ -56,17 +56,25 @@ fi
 tests=$BUILD/tests/bd_cuda_tests
 bench=$BUILD/bench/bd_cuda_bench
 
-step cuda_tests 240 "$tests"
+step cuda_tests 150 "$tests"
 step host_tests 60 "$BUILD/tests/bd_cuda_host_tests"
 
 # The sweep, with the SM clock sampled beside it.
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu --format=csv -lms 250 \
   >"$OUT/clocks.csv" 2>&1 &
 sampler=$!
-step bench_best 300 "$bench" --benchmark_filter='cuda_kproj_best' --benchmark_out="$OUT/cuda_kproj_best.json" \
+step bench_best 200 "$bench" --benchmark_filter='cuda_kproj_best' --benchmark_out="$OUT/cuda_kproj_best.json" \
   --benchmark_out_format=json
 kill "$sampler" 2>/dev/null
 
+# Nsight Compute on one round of the L = 16384 half comparison: the plan's choice and every fixed
+# configuration (plan() launches 9 × 7 times and the warm-up 10 before that round), for where the
+# time goes (tensor pipe, L2, the consumers' stall reasons). NCU=1 asks for it.
+if [[ -n "${NCU:-}" ]] && command -v ncu >/dev/null; then
+  step ncu 120 ncu --clock-control none --kernel-name regex:bd_projection_sm90 --launch-skip 73 --launch-count 10 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    "$bench" --benchmark_filter='cuda_kproj_best/half/16384'
+fi
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [[ -x "$sanitizer" ]]; then
   # racecheck reports hazards inside cuBLAS's own nvjet_sm90 kernels, which bd can neither see into
