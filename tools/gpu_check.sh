@@ -65,13 +65,16 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 sampler=$!
 step bench_best 200 "$bench" --benchmark_filter='cuda_kproj_best' --benchmark_out="$OUT/cuda_kproj_best.json" \
   --benchmark_out_format=json
+# A second whole run (BENCH_TWICE=1): how far the figures move between runs on this card.
+[[ -n "${BENCH_TWICE:-}" ]] && step bench_best_2 200 "$bench" --benchmark_filter='cuda_kproj_best' \
+  --benchmark_out="$OUT/cuda_kproj_best_2.json" --benchmark_out_format=json
 kill "$sampler" 2>/dev/null
 
 # Nsight Compute on one round of the L = 16384 half comparison: the plan's choice and every fixed
-# configuration (plan() launches 9 × 7 times and the warm-up 10 before that round), for where the
+# configuration (plan() launches 6 × 7 times and the warm-up 7 before that round), for where the
 # time goes (tensor pipe, L2, the consumers' stall reasons). NCU=1 asks for it.
 if [[ -n "${NCU:-}" ]] && command -v ncu >/dev/null; then
-  step ncu 120 ncu --clock-control none --kernel-name regex:bd_projection_sm90 --launch-skip 73 --launch-count 10 \
+  step ncu 120 ncu --clock-control none --kernel-name regex:bd_projection_sm90 --launch-skip 49 --launch-count 7 \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
     "$bench" --benchmark_filter='cuda_kproj_best/half/16384'
 fi

@@ -202,17 +202,15 @@ void hopper_suite(cudaStream_t stream, bool sanitizer) {
     std::printf("HopperBDProjection not tested here: %s\n", here.message().c_str());
     return;
   }
-  // Every configuration (schedule, cluster size, stage count); under a sanitizer (slow) five that
-  // still cover each cluster size, stage count and schedule.
-  std::vector<bd::cuda::HopperConfig> configs = {{1, 3, 128}, {2, 4, 128}, {4, 3, 128}, {1, 4, 64}, {2, 4, 64}};
-  if (!sanitizer)
-    configs = {{1, 3, 128}, {2, 3, 128}, {4, 3, 128}, {1, 4, 128}, {2, 4, 128}, {4, 4, 128}, {1, 4, 64}, {2, 4, 64}, {4, 4, 64}};
+  // Every cluster size and stage count; under a sanitizer (slow) three configurations that still
+  // cover each.
+  std::vector<bd::cuda::HopperConfig> configs = {{1, 3}, {2, 4}, {4, 3}};
+  if (!sanitizer) configs = {{1, 3}, {2, 3}, {4, 3}, {1, 4}, {2, 4}, {4, 4}};
   for (const bd::cuda::HopperConfig& config : configs) {
       const int cluster = config.cluster, stages = config.stages;
       HopperPlanned<T> h{impl, config};
-      const std::string name = std::string("hopper (") + (config.tile_rows == 64 ? "ping-pong" : "cooperative") + ", cluster " +
-                               std::to_string(cluster) + ", " + std::to_string(stages) + " stages)";
-      const unsigned seed = unsigned(10 * stages + cluster + config.tile_rows);
+      const std::string name = "hopper (cluster " + std::to_string(cluster) + ", " + std::to_string(stages) + " stages)";
+      const unsigned seed = unsigned(10 * stages + cluster);
       for (int o = 0; o <= 384; o += 64) check<T>(name.c_str(), h, stream, 257, 512, 128, 3, o, seed + unsigned(o), Rounding::once);
       for (int o : {0, 128, 256}) check<T>(name.c_str(), h, stream, 130, 320, 64, 5, o, seed + 100 + unsigned(o), Rounding::once);
       for (int o : {0, 64, 128}) check<T>(name.c_str(), h, stream, 129, 384, 256, 2, o, seed + 200 + unsigned(o), Rounding::once);
@@ -239,7 +237,7 @@ void hopper_suite(cudaStream_t stream, bool sanitizer) {
   for (auto& v : hc) v = from_float<T>(normal(rng) * 0.05f);
   cudaMemcpy(coeff.p, hc.data(), hc.size() * sizeof(T), cudaMemcpyHostToDevice);
   bd::cuda::ProjectionArguments<T> a{x1.p, coeff.p, out1.p, L, d, dh, n, 256};
-  bd::cuda::Status s = impl.plan(a, {1, 3, 128});
+  bd::cuda::Status s = impl.plan(a, {1, 3});
   bd::cuda::ProjectionArguments<T> b = a;
   b.x = x2.p, b.out = out2.p;
   if (s) s = impl.run(b, stream);  // first the other buffers …
@@ -250,7 +248,7 @@ void hopper_suite(cudaStream_t stream, bool sanitizer) {
   Device<T> out3(std::size_t(L) * N);
   bd::cuda::ProjectionArguments<T> c = b;
   c.out = out3.p;
-  s = other.plan(c, {2, 4, 64});  // the other schedule: the same sums in the same order
+  s = other.plan(c, {2, 4});
   if (s) s = other.run(c, stream);
   if (s) s = bd::cuda::check(cudaStreamSynchronize(stream), "sync");
   std::vector<T> r2(std::size_t(L) * N), r3(r2.size());

@@ -6,12 +6,11 @@
 //   - warpgroup 0 produces: one thread issues TMA loads of 64-channel X and Cᵀ tiles into a ring of
 //     3 or 4 shared-memory stages (128-byte swizzle), each with a "full" mbarrier that the copy
 //     engine completes and an "empty" mbarrier that the consumers release;
-//   - warpgroups 1 and 2 consume, in one of two schedules: cooperative, 64 rows each of one
-//     128 × 256 output tile; or ping-pong, each its own 64 × 256 tile, taking the CTA's tiles in
-//     turn, so that one rounds and stores while the other's wgmma runs. **The accumulators start
-//     from the window**: the first d_h / 64 stages of a tile carry only the X tile's window
-//     columns, which each thread loads from shared memory into its fp32 accumulators (the same
-//     values for every head of the tile); the remaining stages run wgmma.m64n256k16 over the rest
+//   - warpgroups 1 and 2 consume, 64 rows of a 128 × 256 output tile each. **The accumulators
+//     start from the window**: the first ⌈d_h / 128⌉ stages of a tile carry only the X tile's
+//     window columns (two 64-column boxes per stage), which each thread loads from shared memory
+//     into its fp32 accumulators (the same values for every head of the tile); the remaining
+//     stages run wgmma.m64n256k16 over the rest
 //     channels only. K' is rounded once, written into swizzled shared memory and stored by TMA,
 //     and that store drains while the consumer starts the next tile.
 //   - with a cluster of 2 or 4 (vertically adjacent tiles of one column block), each CTA loads
@@ -155,40 +154,35 @@ __device__ inline float2 unpack(std::uint32_t bits) {
 
 #endif  // BD_HOPPER_DEVICE_CODE
 
-/// The kernel. x_map: X (L × d) in boxes of 64 × BlockM; c_map: Cᵀ (N × (d − d_h)) in boxes of
+/// The kernel. x_map: X (L × d) in boxes of 64 × kBlockM; c_map: Cᵀ (N × (d − d_h)) in boxes of
 /// 64 × kBlockN / cluster; out_map: K' (L × N) in boxes of 64 × 64; all with the 128-byte swizzle.
-/// Launched with kThreads threads, shared_bytes(Stages, BlockM) of dynamic shared memory, a grid of
-/// whole clusters of p.cluster CTAs (cluster dimension p.cluster × 1 × 1), HeadDim = p.head_dim,
-/// BlockM = p.block_m (kBlockM: cooperative; kPingPongBlockM: ping-pong).
-template <typename T, int HeadDim, int Stages, int BlockM>
+/// Launched with kThreads threads, shared_bytes(Stages) of dynamic shared memory, a grid of whole
+/// clusters of p.cluster CTAs (cluster dimension p.cluster × 1 × 1), HeadDim = p.head_dim.
+template <typename T, int HeadDim, int Stages>
 __global__ void __launch_bounds__(kThreads, 1)
     bd_projection_sm90(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap c_map,
                        const __grid_constant__ CUtensorMap out_map, Problem p) {
 #if BD_HOPPER_DEVICE_CODE
   static_assert(HeadDim % kBlockK == 0 && kBlockN % HeadDim == 0, "a tile holds whole heads of whole 64-column blocks");
-  static_assert(BlockM == kBlockM || BlockM == kPingPongBlockM, "cooperative or ping-pong");
-  constexpr int kStage = stage_bytes(BlockM), kAStage = a_stage_bytes(BlockM);
   extern __shared__ __align__(1024) unsigned char shared_raw[];
   unsigned char* smem = shared_raw + (kSwizzleAtom - shared_address(shared_raw) % kSwizzleAtom) % kSwizzleAtom;
   unsigned char* ring = smem;
-  unsigned char* epilogue = smem + Stages * kStage;
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(epilogue + epilogue_bytes(Stages, BlockM));
+  unsigned char* epilogue = smem + Stages * kStageBytes;
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(epilogue + epilogue_bytes(Stages));
   std::uint64_t* empty = full + Stages;
-  std::uint64_t* turn = empty + Stages;  // ping-pong: whose turn to wait for stages (hopper_layout.cuh)
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads, thread = threadIdx.x % kWarpgroupThreads;
   const int warp = thread / 32, lane = thread % 32;
   const int cluster = p.cluster;
   const int rank = cluster > 1 ? int(cluster_rank()) : 0;
-  constexpr int kWindowSteps = HeadDim / kBlockK;
-  constexpr int kSlots = epilogue_slots(Stages, BlockM), kRounds = kSlabs / kSlots;
+  constexpr int kWindowSteps = (HeadDim / kBlockK + kWindowBoxesPerStage - 1) / kWindowBoxesPerStage;
+  constexpr int kSlots = epilogue_slots(Stages), kRounds = kSlabs / kSlots;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < Stages; ++s) {
       ::cuda::ptx::mbarrier_init(&full[s], 1);  // the producer's arrive.expect_tx; the bytes complete it
-      ::cuda::ptx::mbarrier_init(&empty[s], empty_arrivals(p));  // every reading consumer warp of the cluster
+      ::cuda::ptx::mbarrier_init(&empty[s], kConsumers * 4 * cluster);  // every consumer warp of the cluster
     }
-    for (int c = 0; c < kConsumers; ++c) ::cuda::ptx::mbarrier_init(&turn[c], 1);
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
   if (cluster > 1) cluster_sync();  // the peer's barriers exist before anything lands in them
@@ -209,14 +203,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           wait(&empty[s], phase_parity(step, Stages) ^ 1u);  // the first pass finds every stage free
           ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared, &full[s],
                                                expected_bytes(p, j));
-          unsigned char* stage = ring + s * kStage;
-          const Coords xc = x_coords(p, tile, j);
-          const std::int32_t x_at[2] = {xc.col, xc.row};
-          ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, stage, &x_map, x_at, &full[s]);
-          if (!is_window_step(p, j)) {
+          unsigned char* stage = ring + s * kStageBytes;
+          if (is_window_step(p, j)) {
+            for (int box = 0; box < window_boxes(p, j); ++box) {
+              const Coords wc = window_coords(p, tile, j, box);
+              const std::int32_t w_at[2] = {wc.col, wc.row};
+              ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, stage + box * kAStageBytes, &x_map,
+                                                w_at, &full[s]);
+            }
+          } else {
+            const Coords xc = x_coords(p, tile, j);
+            const std::int32_t x_at[2] = {xc.col, xc.row};
+            ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, stage, &x_map, x_at, &full[s]);
             const Coords cc = c_coords(p, tile, j, rank);
             const std::int32_t c_at[2] = {cc.col, cc.row};
-            unsigned char* to = stage + kAStage + c_box_offset(rank, cluster);
+            unsigned char* to = stage + kAStageBytes + c_box_offset(rank, cluster);
             if (cluster == 1)
               ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, to, &c_map, c_at, &full[s]);
             else
@@ -239,17 +240,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         arrive_in(&empty[s], unsigned(lane));
       }
     };
-    const int half = consumer_half(p, consumer);
-    constexpr bool kPingPong = BlockM == kPingPongBlockM;
     float acc[kAccumulators];
-    // This consumer's tiles of the CTA's sequence: every one (cooperative) or every other one
-    // (ping-pong); tile i's stages are the pipeline's steps i·steps … i·steps + steps − 1.
-    for (long long i = consumer_first_tile(p, consumer);; i += consumer_tile_stride(p)) {
-      const long long unit = first_unit + i * unit_stride;
-      if (unit >= units) break;
-      long long step = i * steps;
+    long long step = 0;
+    for (long long unit = first_unit; unit < units; unit += unit_stride) {
       const Tile tile = tile_of(p, unit, rank);
-      if (kPingPong && i > 0) wait(&turn[turn_barrier(i)], turn_parity(i));
       // The window: each thread's accumulators start from X[row, o + col mod d_h], read from the
       // window stages' X tiles (one load per pair of head 0, copied to every head of the tile).
 #pragma unroll
@@ -257,11 +251,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = stage_of(step, Stages);
         wait(&full[s], phase_parity(step, Stages));
         __syncwarp();  // the spin may end in different iterations per lane; the warp goes on together
-        const unsigned char* x_tile = ring + s * kStage;
+        const unsigned char* x_tile = ring + s * kStageBytes;
 #pragma unroll
         for (int i = 0; i < HeadDim / 2; i += 2) {
           if (window_step_of_register(i, HeadDim) != w) continue;
-          const float2 v = unpack<T>(*reinterpret_cast<const std::uint32_t*>(x_tile + window_pair_offset(half, warp, lane, i, HeadDim)));
+          const float2 v = unpack<T>(*reinterpret_cast<const std::uint32_t*>(x_tile + window_pair_offset(consumer, warp, lane, i, HeadDim)));
 #pragma unroll
           for (int h = 0; h < kBlockN / HeadDim; ++h) {
             acc[head_register(i, h, HeadDim)] = v.x;
@@ -277,12 +271,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = kWindowSteps; j < steps; ++j, ++step) {
         const int s = stage_of(step, Stages);
         wait(&full[s], phase_parity(step, Stages));
-        if (kPingPong && j == steps - 1 && thread == 0) (void)::cuda::ptx::mbarrier_arrive(&turn[turn_barrier(i + 1)]);  // the other's turn
         __syncwarp();  // wgmma is .sync.aligned: the warp converged
-        const std::uint32_t a_stage = shared_address(ring + s * kStage), b_stage = a_stage + kAStage;
+        const std::uint32_t a_stage = shared_address(ring + s * kStageBytes), b_stage = a_stage + kAStageBytes;
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) wgmma_m64n256k16<T>(acc, a_descriptor(a_stage, half, ks), b_descriptor(b_stage, ks));
+        for (int ks = 0; ks < kKSteps; ++ks) wgmma_m64n256k16<T>(acc, a_descriptor(a_stage, consumer, ks), b_descriptor(b_stage, ks));
         wgmma_commit();
         wgmma_wait<1>();
         if (previous >= 0) release(previous);
@@ -309,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (thread == 0) {
 #pragma unroll
           for (int slab = round * kSlots; slab < (round + 1) * kSlots; ++slab) {
-            const Coords at = store_coords(p, tile, half, slab);
+            const Coords at = store_coords(tile, consumer, slab);
             const std::int32_t out_at[2] = {at.col, at.row};
             ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, &out_map, out_at,
                                               epilogue + slot_offset(consumer, slab, kSlots));

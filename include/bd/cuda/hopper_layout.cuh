@@ -14,7 +14,8 @@
 //     K'[rows, cols] = round(acc)                            (once, through shared memory and TMA)
 //
 // Every stage of the ring holds kBlockK = 64 channels (one 128-byte swizzle row of 16-bit
-// values): window stages hold only the X tile, rest stages the X tile and the Cᵀ tile. C is
+// values) of each tile it carries: a rest stage the X tile and the Cᵀ tile; a window stage up to
+// two X tiles of the window (d_h = 128 takes one slot of the ring per output tile, not two). C is
 // stored K-major (Cᵀ, n·d_h × (d − d_h)) at plan time, so both wgmma operands are K-major.
 #pragma once
 
@@ -28,8 +29,7 @@
 
 namespace bd::cuda::hopper {
 
-constexpr int kBlockM = 128;                // rows per CTA tile, cooperative: two consumer warpgroups of 64
-constexpr int kPingPongBlockM = 64;         // rows per tile, ping-pong: each consumer its own tile, alternately
+constexpr int kBlockM = 128;                // rows per CTA tile: two consumer warpgroups of 64
 constexpr int kBlockN = 256;                // output columns per CTA tile (wgmma N = 256)
 constexpr int kBlockK = 64;                 // channels per stage: 64 × 2 bytes = one swizzle row
 constexpr int kConsumers = 2;               // consumer warpgroups
@@ -40,44 +40,28 @@ constexpr int kKSteps = kBlockK / kWgmmaK;  // wgmma instructions per stage
 constexpr int kAccumulators = kBlockN / 2;  // fp32 accumulators per consumer thread (m64n256)
 constexpr int kRowBytes = kBlockK * 2;                            // 128: one swizzled row
 constexpr int kSwizzleAtom = 8 * kRowBytes;                       // 1024: the pattern repeats every 8 rows
-constexpr int kBStageBytes = kBlockN * kRowBytes;                 // 32 KiB: the Cᵀ tile of a stage
+constexpr int kAStageBytes = kBlockM * kRowBytes;                 // 16 KiB
+constexpr int kBStageBytes = kBlockN * kRowBytes;                 // 32 KiB
+constexpr int kStageBytes = kAStageBytes + kBStageBytes;          // 48 KiB
 constexpr int kSlabCols = 64;                                     // output columns per TMA store box
 constexpr int kSlabs = kBlockN / kSlabCols;                       // 4 per consumer
 constexpr int kSlabBytes = kWgmmaM * kSlabCols * 2;               // 8 KiB: 64 rows × 128 bytes
 constexpr int kMaxStages = 4;
-
-/// Two schedules of the consumers, named by the rows of a tile (`block_m`):
-///   - cooperative (128): both consumers work on one 128 × 256 tile, 64 rows each, and start the
-///     next tile together: the tensor cores idle while both round and store;
-///   - ping-pong (64): each consumer takes every other 64 × 256 tile of the CTA's sequence, so one
-///     consumer's epilogue and window loads run under the other's wgmma. Its stage carries half
-///     the X rows for the same Cᵀ tile.
-/// A stage holds the X tile (block_m rows of 64 channels), then the Cᵀ tile.
-BD_HOPPER_HD constexpr int a_stage_bytes(int block_m) { return block_m * kRowBytes; }
-BD_HOPPER_HD constexpr int stage_bytes(int block_m) { return a_stage_bytes(block_m) + kBStageBytes; }
-constexpr int kAStageBytes = a_stage_bytes(kBlockM);  // 16 KiB (cooperative)
-constexpr int kStageBytes = stage_bytes(kBlockM);     // 48 KiB (cooperative)
-static_assert(stage_bytes(kPingPongBlockM) % kSwizzleAtom == 0 && a_stage_bytes(kPingPongBlockM) % kSwizzleAtom == 0 &&
-                  kStageBytes % kSwizzleAtom == 0 && kAStageBytes % kSwizzleAtom == 0 && kSlabBytes % kSwizzleAtom == 0,
+static_assert(kStageBytes % kSwizzleAtom == 0 && kAStageBytes % kSwizzleAtom == 0 && kSlabBytes % kSwizzleAtom == 0,
               "every TMA box and wgmma operand starts on a swizzle atom");
 
-/// The CTA's shared memory, within an sm_90 SM's 227 KiB. Cooperative: 3 stages of the ring and
-/// room to stage all 4 output slabs of each consumer (one round of TMA stores per tile), or 4
+/// Two shapes of the CTA's shared memory, both within an sm_90 SM's 227 KiB: 3 stages of the ring
+/// and room to stage all 4 output slabs of each consumer (one round of TMA stores per tile), or 4
 /// stages — a deeper prefetch, for when loads are slow to arrive — and room for 2 slabs (two
-/// rounds, the second waiting until the first round's stores have read their slabs). Ping-pong:
-/// 4 stages of 40 KiB and all 4 slabs of each consumer.
-BD_HOPPER_HD constexpr int epilogue_slots(int stages, int block_m = kBlockM) {
-  return block_m == kPingPongBlockM || stages == 3 ? kSlabs : kSlabs / 2;
-}
-BD_HOPPER_HD constexpr int epilogue_bytes(int stages, int block_m = kBlockM) { return kConsumers * epilogue_slots(stages, block_m) * kSlabBytes; }
+/// rounds, the second waiting until the first round's stores have read their slabs).
+BD_HOPPER_HD constexpr int epilogue_slots(int stages) { return stages == 3 ? kSlabs : kSlabs / 2; }
+BD_HOPPER_HD constexpr int epilogue_bytes(int stages) { return kConsumers * epilogue_slots(stages) * kSlabBytes; }
 /// Dynamic shared memory a CTA asks for: the ring, the output staging, the full[] and empty[]
-/// mbarriers, the two turn[] mbarriers of ping-pong, and up to a swizzle atom lost to aligning the
-/// start (the runtime promises 16 bytes).
-BD_HOPPER_HD constexpr int shared_bytes(int stages, int block_m = kBlockM) {
-  return stages * stage_bytes(block_m) + epilogue_bytes(stages, block_m) + (2 * stages + kConsumers) * 8 + kSwizzleAtom;
+/// mbarriers, and up to a swizzle atom lost to aligning the start (the runtime promises 16 bytes).
+BD_HOPPER_HD constexpr int shared_bytes(int stages) {
+  return stages * kStageBytes + epilogue_bytes(stages) + 2 * stages * 8 + kSwizzleAtom;
 }
-static_assert(shared_bytes(3) <= 227 * 1024 && shared_bytes(4) <= 227 * 1024 && shared_bytes(4, kPingPongBlockM) <= 227 * 1024,
-              "the CTA's shared memory must fit an sm_90 SM");
+static_assert(shared_bytes(3) <= 227 * 1024 && shared_bytes(4) <= 227 * 1024, "the CTA's shared memory must fit an sm_90 SM");
 static_assert(kSlabs % epilogue_slots(3) == 0 && kSlabs % epilogue_slots(4) == 0, "whole rounds of stores");
 
 /// Arguments of one launch, as the kernel sees them (the tensor maps travel beside it).
@@ -88,40 +72,27 @@ struct Problem {
   int out_cols;      // N = n·d_h
   int offset;        // o: the window is X[:, o : o + d_h]
   int cluster;       // CTAs per cluster along M: 1, 2 or 4 (each loads 1/cluster of the Cᵀ tile and multicasts it)
-  int block_m = kBlockM;  // rows per tile: kBlockM (cooperative) or kPingPongBlockM (ping-pong)
 };
 
-BD_HOPPER_HD constexpr bool is_pingpong(const Problem& p) { return p.block_m == kPingPongBlockM; }
-/// Consumer warpgroups that read each stage (and so release it): both, or in ping-pong the one
-/// whose tile it belongs to.
-BD_HOPPER_HD constexpr int stage_readers(const Problem& p) { return is_pingpong(p) ? 1 : kConsumers; }
-/// Arrivals that free a stage: every reading consumer warp of every CTA of the cluster (a peer's
-/// producer multicasts into this CTA's copy of the stage too).
-BD_HOPPER_HD constexpr int empty_arrivals(const Problem& p) { return stage_readers(p) * 4 * p.cluster; }
-/// The tiles of a CTA's sequence (0, 1, 2, …: unit first_unit + i·unit_stride) that consumer
-/// `consumer` computes: all of them (cooperative) or every other one (ping-pong), from its first.
-BD_HOPPER_HD constexpr int consumer_first_tile(const Problem& p, int consumer) { return is_pingpong(p) ? consumer : 0; }
-BD_HOPPER_HD constexpr int consumer_tile_stride(const Problem& p) { return is_pingpong(p) ? kConsumers : 1; }
-/// The 64-row half of its tile that a consumer computes: its own index (cooperative) or 0.
-BD_HOPPER_HD constexpr int consumer_half(const Problem& p, int consumer) { return is_pingpong(p) ? 0 : consumer; }
-/// Ping-pong's turns. mbarrier.try_wait.parity tells only whether the phase of a given parity has
-/// completed, so a waiter must never run two phases ahead of a barrier; a ping-pong consumer whose
-/// next tile begins `steps` ≥ stages steps after its previous one would. So the consumers take
-/// turns: the consumer of tile i ≥ 1 of the CTA's sequence waits, before its first stage, until
-/// the consumer of tile i − 1 has waited for all of that tile's stages (every step before its own
-/// has then landed), which it signals on turn[i mod 2] (one arrival). turn[c]'s k-th phase
-/// completes with the signal of tile 2k + 1 − c; tile i is its consumer's ⌊(i − 1)/2⌋-th wait.
-BD_HOPPER_HD constexpr int turn_barrier(long long tile) { return int(tile % kConsumers); }
-BD_HOPPER_HD constexpr unsigned turn_parity(long long tile) { return unsigned(((tile - 1) / 2) & 1); }
-
 BD_HOPPER_HD constexpr int ceil_div(long long a, int b) { return int((a + b - 1) / b); }
-BD_HOPPER_HD constexpr int m_blocks(const Problem& p) { return ceil_div(p.rows, p.block_m); }
+BD_HOPPER_HD constexpr int m_blocks(const Problem& p) { return ceil_div(p.rows, kBlockM); }
 BD_HOPPER_HD constexpr int n_blocks(const Problem& p) { return ceil_div(p.out_cols, kBlockN); }
-/// Window stages per tile: d_h / 64.
+/// The window's 64-column blocks: d_h / 64.
 BD_HOPPER_HD constexpr int window_blocks(const Problem& p) { return p.head_dim / kBlockK; }
+/// A window stage carries up to two of them, one X box each, at offsets 0 and kAStageBytes: the
+/// ring's slots go to the rest's stages, whose MMA hides the loads behind them.
+constexpr int kWindowBoxesPerStage = 2;
+static_assert(kWindowBoxesPerStage * kAStageBytes <= kStageBytes, "a window stage's boxes fit a stage");
+/// Window stages per tile: ⌈d_h / 128⌉.
+BD_HOPPER_HD constexpr int window_steps(const Problem& p) { return (window_blocks(p) + kWindowBoxesPerStage - 1) / kWindowBoxesPerStage; }
+/// X boxes on window step j.
+BD_HOPPER_HD constexpr int window_boxes(const Problem& p, int j) {
+  return window_blocks(p) - j * kWindowBoxesPerStage < kWindowBoxesPerStage ? window_blocks(p) - j * kWindowBoxesPerStage
+                                                                             : kWindowBoxesPerStage;
+}
 /// Rest stages per tile: (d − d_h) / 64.
 BD_HOPPER_HD constexpr int rest_blocks(const Problem& p) { return (p.input_dim - p.head_dim) / kBlockK; }
-BD_HOPPER_HD constexpr int stages_per_tile(const Problem& p) { return window_blocks(p) + rest_blocks(p); }
+BD_HOPPER_HD constexpr int stages_per_tile(const Problem& p) { return window_steps(p) + rest_blocks(p); }
 
 /// Units of work: a cluster takes `cluster` vertically adjacent tiles that share their column block
 /// (and so their Cᵀ tile). Units run column block fastest: the ~grid/cluster units in flight cover
@@ -149,20 +120,22 @@ BD_HOPPER_HD constexpr unsigned phase_parity(long long step, int stages) { retur
 BD_HOPPER_HD constexpr int rest_column(int block, int offset, int head_dim) {
   return block * kBlockK < offset ? block * kBlockK : block * kBlockK + head_dim;
 }
-/// X column of step j of a tile (0 ≤ j < stages_per_tile): the window's blocks, then the rest's.
-BD_HOPPER_HD constexpr int x_column(const Problem& p, int j) {
-  return j < window_blocks(p) ? p.offset + j * kBlockK : rest_column(j - window_blocks(p), p.offset, p.head_dim);
+/// Whether step j of a tile is a window step (X only, no Cᵀ, no MMA): the first window_steps(p).
+BD_HOPPER_HD constexpr bool is_window_step(const Problem& p, int j) { return j < window_steps(p); }
+/// X column of box `box` of window step j: window block 2j + box.
+BD_HOPPER_HD constexpr int window_column(const Problem& p, int j, int box) {
+  return p.offset + (j * kWindowBoxesPerStage + box) * kBlockK;
 }
-/// Whether step j of a tile is a window step (X only, no Cᵀ, no MMA).
-BD_HOPPER_HD constexpr bool is_window_step(const Problem& p, int j) { return j < window_blocks(p); }
+/// X column of rest step j of a tile (window_steps(p) ≤ j < stages_per_tile(p)).
+BD_HOPPER_HD constexpr int x_column(const Problem& p, int j) { return rest_column(j - window_steps(p), p.offset, p.head_dim); }
 /// Cᵀ column (the rest channel index k) where rest step j starts.
-BD_HOPPER_HD constexpr int c_column(const Problem& p, int j) { return (j - window_blocks(p)) * kBlockK; }
+BD_HOPPER_HD constexpr int c_column(const Problem& p, int j) { return (j - window_steps(p)) * kBlockK; }
 /// Cᵀ rows a CTA loads per rest stage: with a cluster of 2 each loads half the tile and multicasts it.
 BD_HOPPER_HD constexpr int c_box_rows(int cluster) { return kBlockN / cluster; }
-/// Bytes a CTA's full barrier expects for step j: the X tile, and on rest steps the whole Cᵀ tile
-/// (its own half and, with a cluster, the half its peer multicasts).
+/// Bytes a CTA's full barrier expects for step j: the window's X boxes, or on rest steps the X
+/// tile and the whole Cᵀ tile (its own part and, with a cluster, the parts its peers multicast).
 BD_HOPPER_HD constexpr unsigned expected_bytes(const Problem& p, int j) {
-  return unsigned(is_window_step(p, j) ? a_stage_bytes(p.block_m) : stage_bytes(p.block_m));
+  return unsigned(is_window_step(p, j) ? window_boxes(p, j) * kAStageBytes : kStageBytes);
 }
 
 /// The 128-byte swizzle (TMA's CU_TENSOR_MAP_SWIZZLE_128B and wgmma's swizzle mode 1): within each
@@ -182,11 +155,11 @@ BD_HOPPER_HD constexpr std::uint64_t smem_descriptor(std::uint32_t address) {
   return std::uint64_t((address & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) | (std::uint64_t(kSwizzleAtom >> 4) << 32) |
          (std::uint64_t(1) << 62);
 }
-/// Descriptor of the A operand of the 64-row half `half` of the X tile (consumer_half) for k-step
-/// ks of a stage whose X tile starts at `a_stage`: the k-step moves the start 32 bytes along the
-/// swizzled row, the hardware applies the swizzle to the address it forms.
-BD_HOPPER_HD constexpr std::uint64_t a_descriptor(std::uint32_t a_stage, int half, int ks) {
-  return smem_descriptor(a_stage + std::uint32_t(half * kWgmmaM * kRowBytes + ks * kWgmmaK * 2));
+/// Descriptor of consumer `consumer`'s A operand (its 64 rows of the X tile) for k-step ks of a stage
+/// whose X tile starts at `a_stage`: the k-step moves the start 32 bytes along the swizzled row,
+/// the hardware applies the swizzle to the address it forms.
+BD_HOPPER_HD constexpr std::uint64_t a_descriptor(std::uint32_t a_stage, int consumer, int ks) {
+  return smem_descriptor(a_stage + std::uint32_t(consumer * kWgmmaM * kRowBytes + ks * kWgmmaK * 2));
 }
 /// Descriptor of the B operand (all kBlockN rows of the Cᵀ tile) for k-step ks.
 BD_HOPPER_HD constexpr std::uint64_t b_descriptor(std::uint32_t b_stage, int ks) {
@@ -199,21 +172,24 @@ BD_HOPPER_HD constexpr std::uint64_t b_descriptor(std::uint32_t b_stage, int ks)
 BD_HOPPER_HD constexpr int accumulator_row(int warp, int lane, int i) { return 16 * warp + lane / 4 + 8 * ((i / 2) % 2); }
 BD_HOPPER_HD constexpr int accumulator_col(int lane, int i) { return 8 * (i / 4) + 2 * (lane % 4) + (i % 2); }
 
-/// The window stage (0 ≤ w < d_h / 64) that holds the window value of accumulator column `col`,
-/// and that value's column within the stage's 64: column col of the tile belongs to head-local
-/// column col mod d_h.
-BD_HOPPER_HD constexpr int window_step(int col, int head_dim) { return (col % head_dim) / kBlockK; }
+/// Where the window value of accumulator column `col` is: column col of the tile belongs to
+/// head-local column col mod d_h, in window block (col mod d_h) / 64, which is box
+/// block mod 2 of window step block / 2, at column (col mod d_h) mod 64 of that box.
+BD_HOPPER_HD constexpr int window_block(int col, int head_dim) { return (col % head_dim) / kBlockK; }
+BD_HOPPER_HD constexpr int window_step(int col, int head_dim) { return window_block(col, head_dim) / kWindowBoxesPerStage; }
+BD_HOPPER_HD constexpr int window_box(int col, int head_dim) { return window_block(col, head_dim) % kWindowBoxesPerStage; }
 BD_HOPPER_HD constexpr int window_col(int col, int head_dim) { return (col % head_dim) % kBlockK; }
-/// The same for accumulator register i of any lane: a fragment's 8-column chunk (8·(i/4) … + 7)
-/// never straddles a 64-column block, so the lane's 2·(lane mod 4) does not change the block.
+/// The window step for accumulator register i of any lane: a fragment's 8-column chunk
+/// (8·(i/4) … + 7) never straddles a 64-column block, so the lane's 2·(lane mod 4) does not change it.
 BD_HOPPER_HD constexpr int window_step_of_register(int i, int head_dim) { return window_step(8 * (i / 4), head_dim); }
 /// Accumulator register of head h (0 ≤ h < kBlockN / d_h) that starts from the same window value
 /// as register i of head 0 (i < d_h / 2): same row, column + h·d_h.
 BD_HOPPER_HD constexpr int head_register(int i, int h, int head_dim) { return i + h * (head_dim / 2); }
-/// Byte offset, within a window stage's X tile, of the pair of window values that the thread
-/// (warp, lane) of the consumer computing half `half` loads into accumulator pair (i, i + 1).
-BD_HOPPER_HD constexpr std::uint32_t window_pair_offset(int half, int warp, int lane, int i, int head_dim) {
-  return swizzled_element(half * kWgmmaM + accumulator_row(warp, lane, i), window_col(accumulator_col(lane, i), head_dim));
+/// Byte offset, within a window stage, of the pair of window values that consumer `consumer`'s
+/// thread (warp, lane) loads into accumulator pair (i, i + 1): its box, then the swizzled element.
+BD_HOPPER_HD constexpr std::uint32_t window_pair_offset(int consumer, int warp, int lane, int i, int head_dim) {
+  return std::uint32_t(window_box(accumulator_col(lane, i), head_dim) * kAStageBytes) +
+         swizzled_element(consumer * kWgmmaM + accumulator_row(warp, lane, i), window_col(accumulator_col(lane, i), head_dim));
 }
 
 /// Output staging: consumer c's 64 rows of the tile as kSlabs slabs of 64 columns, each one TMA store
@@ -229,16 +205,19 @@ BD_HOPPER_HD constexpr std::uint32_t epilogue_pair_offset(int consumer, int warp
   return slot_offset(consumer, slab_of(accumulator_col(lane, i)), slots) +
          swizzled_element(accumulator_row(warp, lane, i), accumulator_col(lane, i) % kSlabCols);
 }
-/// Global coordinates {column, row} of slab `slab` of the 64-row half `half` of tile t.
+/// Global coordinates {column, row} of slab `slab` of consumer `consumer` in tile t.
 struct Coords {
   int col, row;
 };
-BD_HOPPER_HD constexpr Coords store_coords(const Problem& p, Tile t, int half, int slab) {
-  return {t.n_block * kBlockN + slab * kSlabCols, t.m_block * p.block_m + half * kWgmmaM};
+BD_HOPPER_HD constexpr Coords store_coords(Tile t, int consumer, int slab) {
+  return {t.n_block * kBlockN + slab * kSlabCols, t.m_block * kBlockM + consumer * kWgmmaM};
 }
-/// TMA coordinates {column, row} of the X box of step j of tile t, and of the Cᵀ box the CTA of
-/// rank `rank` loads (with a cluster, into its peer too) on a rest step.
-BD_HOPPER_HD constexpr Coords x_coords(const Problem& p, Tile t, int j) { return {x_column(p, j), t.m_block * p.block_m}; }
+/// TMA coordinates {column, row} of the X box of rest step j of tile t, of box `box` of window step
+/// j, and of the Cᵀ box the CTA of rank `rank` loads (with a cluster, into its peers too) on a rest step.
+BD_HOPPER_HD constexpr Coords x_coords(const Problem& p, Tile t, int j) { return {x_column(p, j), t.m_block * kBlockM}; }
+BD_HOPPER_HD constexpr Coords window_coords(const Problem& p, Tile t, int j, int box) {
+  return {window_column(p, j, box), t.m_block * kBlockM};
+}
 BD_HOPPER_HD constexpr Coords c_coords(const Problem& p, Tile t, int j, int rank) {
   return {c_column(p, j), t.n_block * kBlockN + rank * c_box_rows(p.cluster)};
 }

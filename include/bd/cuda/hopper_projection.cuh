@@ -22,7 +22,6 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 
 #include <algorithm>
-#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,13 +32,11 @@
 namespace bd::cuda {
 
 /// A launch configuration of the Hopper kernel: CTAs per cluster (1, 2 or 4: the Cᵀ tile
-/// multicast to all), stages of the load ring, and rows per tile — 128: both consumer warpgroups
-/// on one tile (cooperative; 3 stages, or 4 with the output staged in two rounds); 64: each
-/// consumer on its own tile, in turn (ping-pong; 4 stages). 0 in a field: plan() chooses it by timing.
+/// multicast to all) and stages of the load ring (3, or 4 with the output staged in two rounds).
+/// 0 in either field: plan() chooses it by timing.
 struct HopperConfig {
   int cluster = 0;
   int stages = 0;
-  int tile_rows = 0;
 };
 
 template <typename T>
@@ -113,11 +110,6 @@ public:
                              ", expected 0 (choose by timing), 1, 2 or 4");
     if (config.stages != 0 && config.stages != 3 && config.stages != 4)
       return Status::failure("HopperBDProjection: stages = " + detail::describe(config.stages) + ", expected 0 (choose by timing), 3 or 4");
-    if (config.tile_rows != 0 && config.tile_rows != hopper::kBlockM && config.tile_rows != hopper::kPingPongBlockM)
-      return Status::failure("HopperBDProjection: tile_rows = " + detail::describe(config.tile_rows) +
-                             ", expected 0 (choose by timing), 128 (cooperative) or 64 (ping-pong)");
-    if (config.tile_rows == hopper::kPingPongBlockM && config.stages == 3)
-      return Status::failure("HopperBDProjection: tile_rows = 64 (ping-pong) runs with 4 stages, not 3");
     shape_ = a;
     const int N = a.heads * a.head_dim, K = a.input_dim - a.head_dim;
     void* buffer = nullptr;
@@ -130,19 +122,18 @@ public:
     if (!(s = bd::cuda::check(cudaGetLastError(), "HopperBDProjection: launching the transpose of C"))) return s;
     if (!(s = bd::cuda::check(cudaStreamSynchronize(stream), "HopperBDProjection: transposing C"))) return s;
     std::vector<HopperConfig> candidates;
-    for (const HopperConfig& c : all_configs())
-      if ((config.stages == 0 || config.stages == c.stages) && (config.cluster == 0 || config.cluster == c.cluster) &&
-          (config.tile_rows == 0 || config.tile_rows == c.tile_rows))
-        candidates.push_back(c);
+    for (int stages : {3, 4})
+      for (int cluster : {1, 2, 4})
+        if ((config.stages == 0 || config.stages == stages) && (config.cluster == 0 || config.cluster == cluster))
+          candidates.push_back({cluster, stages});
     for (const HopperConfig& c : candidates) {
-      if (!(s = configure_kernel(c))) return s;
-      if (!(s = encode_coefficients(c.cluster, maps_[index(c)]))) return s;
+      if (!(s = configure_kernel(c.stages))) return s;
+      if (!(s = encode_coefficients(c.cluster, maps_[map_index(c.cluster)]))) return s;
     }
     config_ = candidates.front();
     planned_ = true;
     const auto describe = [](const HopperConfig& c) {
-      return std::string(c.tile_rows == hopper::kPingPongBlockM ? "ping-pong" : "cooperative") + ", cluster " +
-             detail::describe(c.cluster) + ", " + detail::describe(c.stages) + " stages";
+      return "cluster " + detail::describe(c.cluster) + ", " + detail::describe(c.stages) + " stages";
     };
     if (a.rows == 0 || candidates.size() == 1) {
       summary_ = describe(config_) + " (as asked)";
@@ -198,13 +189,13 @@ public:
                              "call plan() again for new coefficients");
     if (a.rows == 0) return Status::success();
     if (!(s = detail::no_pending_error("HopperBDProjection"))) return s;
-    Maps& maps = maps_[index(config_)];
-    if ((a.x != maps.x_for || a.out != maps.out_for) && !(s = encode_activations(a, maps, config_.tile_rows))) return s;
-    const hopper::Problem p = problem(a, config_);
+    Maps& maps = maps_[map_index(config_.cluster)];
+    if ((a.x != maps.x_for || a.out != maps.out_for) && !(s = encode_activations(a, maps))) return s;
+    const hopper::Problem p = problem(a, config_.cluster);
     cudaLaunchConfig_t launch{};
     cudaLaunchAttribute attribute[1];
     launch.blockDim = dim3(hopper::kThreads);
-    launch.dynamicSmemBytes = hopper::shared_bytes(config_.stages, config_.tile_rows);
+    launch.dynamicSmemBytes = hopper::shared_bytes(config_.stages);
     launch.stream = stream;
     launch.gridDim = dim3(unsigned(grid(config_)));
     if (config_.cluster > 1) {
@@ -213,7 +204,7 @@ public:
       launch.attrs = attribute;
       launch.numAttrs = 1;
     }
-    const cudaError_t e = cudaLaunchKernelEx(&launch, kernel(config_), maps.x, maps.c, maps.out, p);
+    const cudaError_t e = cudaLaunchKernelEx(&launch, kernel(config_.stages), maps.x, maps.c, maps.out, p);
     if (e != cudaSuccess) (void)cudaGetLastError();
     return bd::cuda::check(e, "HopperBDProjection: launching bd_projection_sm90");
   }
@@ -234,47 +225,30 @@ private:
   };
   using Kernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, hopper::Problem);
 
-  static hopper::Problem problem(const Arguments& a, const HopperConfig& c) {
-    return {a.rows, a.input_dim, a.head_dim, a.heads * a.head_dim, a.window_offset, c.cluster, c.tile_rows};
+  static hopper::Problem problem(const Arguments& a, int cluster) {
+    return {a.rows, a.input_dim, a.head_dim, a.heads * a.head_dim, a.window_offset, cluster};
   }
 
-  /// Every configuration, in the order plan() times them: the three kernels (cooperative with 3
-  /// or 4 stages, ping-pong with 4), each with clusters of 1, 2 and 4.
-  static constexpr int kConfigs = 9;
-  static const std::array<HopperConfig, kConfigs>& all_configs() {
-    static const std::array<HopperConfig, kConfigs> configs = {{{1, 3, 128}, {2, 3, 128}, {4, 3, 128}, {1, 4, 128}, {2, 4, 128},
-                                                                {4, 4, 128}, {1, 4, 64}, {2, 4, 64}, {4, 4, 64}}};
-    return configs;
-  }
-  /// The position of configuration c in all_configs(): what its tensor maps and occupancy are kept under.
-  static int index(const HopperConfig& c) {
-    const int kernel = c.tile_rows == hopper::kPingPongBlockM ? 2 : c.stages - 3;
-    return kernel * 3 + (c.cluster == 4 ? 2 : c.cluster - 1);
-  }
-
-  template <int Stages, int BlockM>
+  template <int Stages>
   Kernel kernel_for() const {
     switch (shape_.head_dim) {
-      case 64: return &hopper::bd_projection_sm90<T, 64, Stages, BlockM>;
-      case 128: return &hopper::bd_projection_sm90<T, 128, Stages, BlockM>;
-      default: return &hopper::bd_projection_sm90<T, 256, Stages, BlockM>;
+      case 64: return &hopper::bd_projection_sm90<T, 64, Stages>;
+      case 128: return &hopper::bd_projection_sm90<T, 128, Stages>;
+      default: return &hopper::bd_projection_sm90<T, 256, Stages>;
     }
   }
-  Kernel kernel(const HopperConfig& c) const {
-    if (c.tile_rows == hopper::kPingPongBlockM) return kernel_for<4, hopper::kPingPongBlockM>();
-    return c.stages == 3 ? kernel_for<3, hopper::kBlockM>() : kernel_for<4, hopper::kBlockM>();
-  }
+  Kernel kernel(int stages) const { return stages == 3 ? kernel_for<3>() : kernel_for<4>(); }
 
-  Status configure_kernel(const HopperConfig& c) const {
-    return bd::cuda::check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel(c)), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                hopper::shared_bytes(c.stages, c.tile_rows)),
+  Status configure_kernel(int stages) const {
+    return bd::cuda::check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel(stages)),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, hopper::shared_bytes(stages)),
                            "HopperBDProjection: cudaFuncSetAttribute (dynamic shared memory)");
   }
 
   /// The persistent grid: a CTA per multiprocessor, in whole clusters (as many clusters as fit at
   /// once, asked of the occupancy calculator once per configuration), never more than the work.
   long long grid(const HopperConfig& c) const {
-    int& clusters = max_clusters_[index(c)];
+    int& clusters = max_clusters_[map_index(c.cluster)][c.stages - 3];
     if (clusters == 0) {
       clusters = sms_ / c.cluster;
       if (c.cluster > 1) {
@@ -285,15 +259,17 @@ private:
         launch.attrs = attribute;
         launch.numAttrs = 1;
         launch.blockDim = dim3(hopper::kThreads);
-        launch.dynamicSmemBytes = hopper::shared_bytes(c.stages, c.tile_rows);
+        launch.dynamicSmemBytes = hopper::shared_bytes(c.stages);
         launch.gridDim = dim3(unsigned(clusters * c.cluster));
         int fit = 0;
-        if (cudaOccupancyMaxActiveClusters(&fit, kernel(c), &launch) == cudaSuccess && fit > 0) clusters = std::min(clusters, fit);
+        if (cudaOccupancyMaxActiveClusters(&fit, kernel(c.stages), &launch) == cudaSuccess && fit > 0) clusters = std::min(clusters, fit);
         (void)cudaGetLastError();
       }
     }
-    return std::min<long long>(clusters, hopper::work_units(problem(shape_, c))) * c.cluster;
+    return std::min<long long>(clusters, hopper::work_units(problem(shape_, c.cluster))) * c.cluster;
   }
+
+  static int map_index(int cluster) { return cluster == 4 ? 2 : cluster - 1; }
 
   static CUtensorMapDataType data_type() {
     return std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -318,8 +294,8 @@ private:
     maps.x_for = maps.out_for = nullptr;
     return encode(maps.c, coeff_t_.get(), N, K, hopper::c_box_rows(cluster), "Cᵀ");
   }
-  Status encode_activations(const Arguments& a, Maps& maps, int tile_rows) const {
-    Status s = encode(maps.x, a.x, a.rows, a.input_dim, tile_rows, "X");
+  Status encode_activations(const Arguments& a, Maps& maps) const {
+    Status s = encode(maps.x, a.x, a.rows, a.input_dim, hopper::kBlockM, "X");
     if (s) s = encode(maps.out, a.out, a.rows, (long long)a.heads * a.head_dim, hopper::kWgmmaM, "K'");
     maps.x_for = s ? a.x : nullptr;
     maps.out_for = s ? a.out : nullptr;
@@ -333,9 +309,9 @@ private:
   std::unique_ptr<T, Free> coeff_t_;
   Arguments shape_{};
   bool planned_ = false;
-  HopperConfig config_{1, 3, hopper::kBlockM};
-  mutable Maps maps_[kConfigs];             ///< per configuration; X and K' re-encoded when run() is given others
-  mutable int max_clusters_[kConfigs] = {};  ///< per configuration, 0 until asked
+  HopperConfig config_{1, 3};
+  mutable Maps maps_[3];                ///< per cluster size 1, 2, 4; X and K' re-encoded when run() is given others
+  mutable int max_clusters_[3][2] = {};  ///< per cluster size and stage count, 0 until asked
   std::string summary_ = "not planned";
 };
 
