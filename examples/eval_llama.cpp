@@ -1,7 +1,8 @@
 // Evaluates BD attention on a real Hugging Face LLaMA checkpoint: the paper's perplexity table.
 //
 //   eval_llama MODEL_DIR [--mode vo|qk|qkvo] [--dtype f64|f32|f16|bf16]
-//              [--basis first|last|residual-min|offset-search|pivoted|auto] [--force] [--table]
+//              [--basis first|last|residual-min|offset-search|pivoted|auto] [--windows per-group|per-head]
+//              [--force] [--table]
 //              [--max-logit-error E]
 //
 // Runs the dense model in fp32 (L_exact), the dense model and the BD model with every weight
@@ -30,7 +31,7 @@ namespace {
 using bd::nn::BDAttentionOptions;
 
 struct Args {
-  std::string dir, basis = "auto";
+  std::string dir, basis = "auto", windows = "per-group";
   bd::Storage storage = bd::Storage::f32;
   bd::nn::Mode mode = bd::nn::Mode::VO;
   bool force = false, table = false;
@@ -84,6 +85,7 @@ Result run(const Args& a, const bd::nn::LlamaModel<float>& model, const std::vec
   opts.force = a.force;
   opts.cost_policy = bd::nn::CostPolicy::Warn;
   opts.decomposition.basis = bd::parse_basis(a.basis);
+  opts.windows = bd::nn::parse_windows(a.windows);
   opts.decomposition.align = model.config.head_dim;
   return bd::dispatch(a.storage, [&](auto t) { return evaluate<typename decltype(t)::type>(model, tokens, exact, opts); });
 }
@@ -138,7 +140,8 @@ int evaluate_converted(const std::string& dir, double max_logit_error) {
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s MODEL_DIR [--mode vo|qk|qkvo] [--dtype f64|f32|f16|bf16]\n"
-               "       [--basis first|last|residual-min|offset-search|pivoted|auto] [--force] [--table]\n"
+               "       [--basis first|last|residual-min|offset-search|pivoted|auto] [--windows per-group|per-head]\n"
+               "       [--force] [--table]\n"
                "       [--max-logit-error E]   (a converted checkpoint: exit 1 above E)\n",
                argv0);
   return 2;
@@ -155,6 +158,7 @@ int main(int argc, char** argv) {
       if (arg == "--mode" && value) a.mode = bd::nn::parse_mode(argv[++i]);
       else if (arg == "--dtype" && value) a.storage = bd::parse_storage(argv[++i]);
       else if (arg == "--basis" && value) a.basis = argv[++i];
+      else if (arg == "--windows" && value) a.windows = argv[++i];
       else if (arg == "--force") a.force = true;
       else if (arg == "--table") a.table = true;
       else if (arg == "--max-logit-error" && value) a.max_logit_error = std::stod(argv[++i]);
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
     }
     if (a.dir.empty()) return usage(argv[0]);
     bd::parse_basis(a.basis);
+    bd::nn::parse_windows(a.windows);
   } catch (const bd::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

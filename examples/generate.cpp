@@ -5,10 +5,11 @@
 // tokens/s of each, and the perplexity of each on a short text; the last line is JSON.
 //
 //   generate [MODEL_DIR] [--prompt TEXT] [--tokens N] [--dtype f32|f16|bf16] [--mode vo|qk|qkvo]
-//            [--basis B] [--force] [--tokenizer PATH]
+//            [--basis B] [--windows per-group|per-head] [--force] [--tokenizer PATH]
 //
-// The cost model's refusals are bd-convert's: on a GQA model BD on VO gives each query head its
-// own V' (more cache, more work), so it is refused unless --force. Exit 1 on any error.
+// The cost model's refusals are bd-convert's. On a GQA model BD chooses one window per key/value
+// head by default, so V' and the cache keep the dense model's heads; with --windows per-head each
+// query head gets its own V' (more cache, more work), refused unless --force. Exit 1 on any error.
 #include <bd/io/hf_llama.hpp>
 #include <bd/io/tokenizer.hpp>
 #include <bd/nn/llama.hpp>
@@ -36,6 +37,7 @@ const char* const kText =
 
 struct Args {
   std::string dir = BD_EXAMPLE_MODEL, prompt = "Once upon a time", tokenizer, dtype = "f32", mode = "vo", basis = "auto";
+  std::string windows = "per-group";
   int tokens = 100;
   bool force = false;
 };
@@ -87,7 +89,7 @@ std::string text_of(const bd::io::Tokenizer& t, const std::vector<int>& prompt, 
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [MODEL_DIR] [--prompt TEXT] [--tokens N] [--dtype f32|f16|bf16] [--mode vo|qk|qkvo] "
-               "[--basis B] [--force] [--tokenizer PATH]\n",
+               "[--basis B] [--windows per-group|per-head] [--force] [--tokenizer PATH]\n",
                argv0);
   return 2;
 }
@@ -102,6 +104,7 @@ int run(const Args& a) {
   bd::nn::BDAttentionOptions opts;
   opts.mode = bd::nn::parse_mode(a.mode);
   opts.decomposition.basis = bd::parse_basis(a.basis);
+  opts.windows = bd::nn::parse_windows(a.windows);
   if (a.force) opts = opts.with_force(true).with_cost_policy(bd::nn::CostPolicy::Allow);
   const auto bd_model = dense.with_bd_attention<S>(opts);
 
@@ -147,6 +150,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--mode") && has_value) a.mode = argv[++i];
     else if (!std::strcmp(argv[i], "--basis") && has_value) a.basis = argv[++i];
     else if (!std::strcmp(argv[i], "--tokenizer") && has_value) a.tokenizer = argv[++i];
+    else if (!std::strcmp(argv[i], "--windows") && has_value) a.windows = argv[++i];
     else if (!std::strcmp(argv[i], "--force")) a.force = true;
     else if (argv[i][0] != '-') a.dir = argv[i];
     else return usage(argv[0]);

@@ -7,6 +7,7 @@ using bd::nn::BDAttention;
 using bd::nn::BDAttentionOptions;
 using bd::nn::CostPolicy;
 using bd::nn::Mode;
+using bd::nn::Windows;
 using bd_test::kFp32OperatorBound;
 using bd_test::LayerSpec;
 using bd_test::max_rel;
@@ -16,13 +17,13 @@ namespace {
 
 const Mode kModes[] = {Mode::QK, Mode::VO, Mode::QKVO};
 
-BDAttentionOptions allow(Mode m, bd::Basis basis = bd::Basis::OffsetSearch) {
-  return BDAttentionOptions{}.with_mode(m).with_basis(basis).with_cost_policy(CostPolicy::Allow);
+BDAttentionOptions allow(Mode m, bd::Basis basis = bd::Basis::OffsetSearch, Windows windows = Windows::per_group) {
+  return BDAttentionOptions{}.with_mode(m).with_basis(basis).with_cost_policy(CostPolicy::Allow).with_windows(windows);
 }
 
 /// BD in fp32 against the dense layer in fp32, for every mode; returns the worst relative error.
 double check_equal(const LayerSpec& spec, unsigned seed, Eigen::Index L = 12, Eigen::Index L_kv = 0,
-                   bd::Basis basis = bd::Basis::OffsetSearch) {
+                   bd::Basis basis = bd::Basis::OffsetSearch, Windows windows = Windows::per_group) {
   const auto dense64 = bd_test::random_attention(spec, seed);
   const auto dense = dense64.cast<float>();
   const Eigen::MatrixXf x = bd_test::gaussian(L, dense.input_dim(), seed + 1).cast<float>();
@@ -31,9 +32,9 @@ double check_equal(const LayerSpec& spec, unsigned seed, Eigen::Index L = 12, Ei
   const Eigen::MatrixXf y = dense.forward(x, x_kv);
   double worst = 0;
   for (Mode m : kModes) {
-    const auto bda = BDAttention<float>::prepare(dense64, allow(m, basis));
+    const auto bda = BDAttention<float>::prepare(dense64, allow(m, basis, windows));
     const double err = max_rel(bda.forward(x, x_kv), y);
-    INFO("mode " << bd::nn::to_string(m) << ": max |BD − dense| / max |dense| = " << err);
+    INFO("mode " << bd::nn::to_string(m) << ", " << bd::nn::to_string(windows) << " windows: max |BD − dense| / max |dense| = " << err);
     CHECK(err <= kFp32OperatorBound);
     worst = std::max(worst, err);
   }
@@ -65,15 +66,21 @@ TEST_CASE("biases: query bias becomes a Q' bias, key bias drops out, value bias 
   CHECK(max_rel(bda.forward(zero), dense.forward(zero)) < 1e-12);
 }
 
-TEST_CASE("GQA 2:1 and 8:1: K'/V' per query head equal dense", "[attention][gqa]") {
-  LayerSpec s;
-  s.n_q = 8;
-  s.n_kv = 4;
-  check_equal(s, 1);
-  s.n_kv = 1;
-  s.n_q = 8;
-  s.causal = true;
-  check_equal(s, 2);  // 8:1
+TEST_CASE("GQA 2:1, 4:1 and 8:1: K'/V' per key/value group and per query head equal dense", "[attention][gqa]") {
+  for (const Windows w : {Windows::per_group, Windows::per_head})
+    for (const bd::Basis b : {bd::Basis::OffsetSearch, bd::Basis::Pivoted}) {
+      LayerSpec s;
+      s.n_q = 8;
+      s.n_kv = 4;
+      check_equal(s, 1, 12, 0, b, w);  // 2:1
+      s.n_kv = 2;
+      s.biases = true;
+      check_equal(s, 5, 12, 0, b, w);  // 4:1, biases
+      s.n_kv = 1;
+      s.biases = false;
+      s.causal = true;
+      check_equal(s, 2, 12, 0, b, w);  // 8:1
+    }
 }
 
 TEST_CASE("MQA: one key/value head for all query heads", "[attention][gqa]") {
@@ -81,7 +88,47 @@ TEST_CASE("MQA: one key/value head for all query heads", "[attention][gqa]") {
   s.n_q = 6;
   s.n_kv = 1;
   s.biases = true;
-  check_equal(s, 3);
+  for (const Windows w : {Windows::per_group, Windows::per_head}) check_equal(s, 3, 12, 0, bd::Basis::OffsetSearch, w);
+}
+
+TEST_CASE("GQA per group: one window and one C serve every query head of a group, and the cache is the dense cache",
+          "[attention][gqa]") {
+  // With the window S fixed, C = Wv_g[R]·Wv_g[S]⁻¹ does not depend on Wo_h: the per-query-head
+  // coefficients of a group's heads (the first-rows window for all) equal the group's.
+  LayerSpec s;
+  s.n_q = 8;
+  s.n_kv = 2;
+  s.biases = true;
+  const auto dense = bd_test::random_attention(s, 21);
+  const auto group = BDAttention<double>::prepare(dense, allow(Mode::QKVO, bd::Basis::First, Windows::per_group));
+  const auto head = BDAttention<double>::prepare(dense, allow(Mode::QKVO, bd::Basis::First, Windows::per_head));
+  const Eigen::Index dh = s.head_dim, G = s.n_q / s.n_kv;
+  CHECK(group.windows() == Windows::per_group);
+  CHECK(group.vo_indices().heads() == s.n_kv);
+  CHECK(group.qk_indices().heads() == s.n_kv);
+  CHECK(group.vo_coeff().cols() == s.n_kv * dh);
+  CHECK(group.qk_coeff().cols() == s.n_kv * dh);
+  CHECK(head.vo_coeff().cols() == s.n_q * dh);
+  for (Eigen::Index h = 0; h < s.n_q; ++h) {
+    const Eigen::Index g = h / G;
+    CHECK(max_rel(head.vo_coeff().middleCols(h * dh, dh), group.vo_coeff().middleCols(g * dh, dh)) < 1e-12);
+    CHECK(max_rel(head.qk_coeff().middleCols(h * dh, dh), group.qk_coeff().middleCols(g * dh, dh)) < 1e-12);
+    // Each query head keeps its own basis, the same in both forms.
+    CHECK(max_rel(head.vo_basis().middleRows(h * dh, dh), group.vo_basis().middleRows(h * dh, dh)) < 1e-12);
+    CHECK(max_rel(head.qk_basis().middleCols(h * dh, dh), group.qk_basis().middleCols(h * dh, dh)) < 1e-12);
+  }
+  // The cost model: no more cache than dense, fewer FLOPs; per query head, 4× the heads of K'/V'.
+  CHECK(group.cost().bd.cache_elements == group.cost().dense.cache_elements);
+  CHECK(group.cost().worthwhile());
+  CHECK(head.cost().bd.cache_elements == 2.0 * s.n_q * dh);
+  // Decoding caches K'/V' of n_kv heads, as the dense layer caches K/V.
+  const Eigen::MatrixXd x = bd_test::gaussian(9, dense.input_dim(), 22);
+  bd::nn::KVCache<double> cache, dense_cache;
+  const Eigen::MatrixXd y = group.decode(x, cache);
+  dense.decode(x, dense_cache);
+  CHECK(cache.keys().cols() == dense_cache.keys().cols());
+  CHECK(cache.values().cols() == dense_cache.values().cols());
+  CHECK(max_rel(y, dense.forward(x)) < 1e-12);
 }
 
 TEST_CASE("cross-attention: query and key/value inputs of different widths and lengths", "[attention][cross]") {
@@ -162,7 +209,8 @@ TEST_CASE("KV-cache decoding equals running the whole sequence at once", "[atten
     const Eigen::MatrixXd x = bd_test::gaussian(11, dense.input_dim(), 14);
     const Eigen::MatrixXd full = dense.forward(x);
     for (Mode m : kModes) {
-      const auto bda = BDAttention<double>::prepare(dense, allow(m));
+      const Windows windows = m == Mode::QK ? Windows::per_head : Windows::per_group;  // both forms decode
+      const auto bda = BDAttention<double>::prepare(dense, allow(m, bd::Basis::OffsetSearch, windows));
       bd::nn::KVCache<double> cache, dense_cache;
       Eigen::MatrixXd stepped(11, full.cols()), dense_stepped(11, full.cols());
       // Several tokens at once, then one at a time, then the rest together.
@@ -176,8 +224,8 @@ TEST_CASE("KV-cache decoding equals running the whole sequence at once", "[atten
       CHECK(cache.length() == 11);
       CHECK(max_rel(stepped, full) < 1e-12);
       CHECK(max_rel(dense_stepped, full) < 1e-12);
-      // K'/V' are cached per query head.
-      CHECK(cache.keys().cols() == (bd::nn::has_qk(m) ? s.n_q : s.n_kv) * s.head_dim);
+      // K'/V' are cached per key/value group, or per query head when asked.
+      CHECK(cache.keys().cols() == (windows == Windows::per_head ? s.n_q : s.n_kv) * s.head_dim);
       // Rolling back the last three tokens and decoding them again gives the same outputs.
       cache.truncate(8);
       CHECK(max_rel(bda.decode(x.bottomRows(3), cache), full.bottomRows(3)) < 1e-12);

@@ -6,6 +6,7 @@ using bd::nn::BDAttention;
 using bd::nn::BDAttentionOptions;
 using bd::nn::CostPolicy;
 using bd::nn::Mode;
+using bd::nn::Windows;
 using Catch::Contains;
 
 namespace {
@@ -39,31 +40,41 @@ TEST_CASE("DeepSeek-V3 shape: the key projection loses 25 % of its weights and 1
   CHECK(both.dense.v_flops / both.bd.v_flops == Approx(1023.0 / 768.0));
 }
 
-TEST_CASE("GQA where BD costs more: refused with the figures, or prepared with a warning", "[cost][gqa]") {
+TEST_CASE("GQA: windows per key/value group keep the dense cache and cost less; per query head costs more and is refused",
+          "[cost][gqa]") {
   // stories260K's shape: d = 64, 8 query heads on 4 key/value heads, d_h = 8.
-  const auto cost = bd::nn::attention_cost(shape(8, 4, 64, 8), Mode::VO);
-  CHECK(cost.dense.v_flops == 4.0 * 8 * 127);  // 4 heads × 8 outputs × (2·64 − 1)
-  CHECK(cost.bd.v_flops == 8.0 * 8 * 112);     // 8 heads × 8 outputs × 2·(64 − 8)
+  const auto group = bd::nn::attention_cost(shape(8, 4, 64, 8), Mode::VO);
+  CHECK(group.windows == Windows::per_group);
+  CHECK(group.dense.v_flops == 4.0 * 8 * 127);  // 4 heads × 8 outputs × (2·64 − 1)
+  CHECK(group.bd.v_flops == 4.0 * 8 * 112);     // 4 heads of V' × 8 outputs × 2·(64 − 8)
+  CHECK(group.bd.cache_elements == group.dense.cache_elements);
+  CHECK(group.dense.parameters - group.bd.parameters == 4.0 * 8 * 8);  // C is (64 − 8) × 4·8 where Wv was 64 × 4·8
+  CHECK(group.worthwhile());
+  const auto cost = bd::nn::attention_cost(shape(8, 4, 64, 8), Mode::VO, Windows::per_head);
+  CHECK(cost.dense.v_flops == 4.0 * 8 * 127);
+  CHECK(cost.bd.v_flops == 8.0 * 8 * 112);  // 8 heads × 8 outputs × 2·(64 − 8)
   CHECK(cost.slower());
   CHECK(cost.dense.cache_elements == 4.0 * 8 * 2);
   CHECK(cost.bd.cache_elements == 4.0 * 8 + 8.0 * 8);
   CHECK(cost.larger_cache());
   CHECK_FALSE(cost.worthwhile());
-  // Break-even: slower when n_q/n_kv > (2d − 1)/(2(d − d_h)) = 127/112 ≈ 1.13, so even 2:1 loses.
-  CHECK_FALSE(bd::nn::attention_cost(shape(8, 8, 64, 8), Mode::VO).slower());
+  // Break-even per query head: slower when n_q/n_kv > (2d − 1)/(2(d − d_h)) = 127/112 ≈ 1.13.
+  CHECK_FALSE(bd::nn::attention_cost(shape(8, 8, 64, 8), Mode::VO, Windows::per_head).slower());
 
   bd_test::LayerSpec s;
   s.d_q = s.d_kv = s.d_out = 64;
   s.n_q = 8;
   s.n_kv = 4;
   const auto dense = bd_test::random_attention(s, 1);
-  BD_CHECK_THROWS_CONTAINING(BDAttention<float>::prepare(dense, BDAttentionOptions{}.with_mode(Mode::VO)), bd::RefusedError,
-                             Contains("refused by the cost model") && Contains("n_q/n_kv = 2") &&
-                                 Contains("KV cache") && Contains("slower"));
-  const auto warned = BDAttention<float>::prepare(dense, BDAttentionOptions{}.with_mode(Mode::VO).with_cost_policy(CostPolicy::Warn));
+  CHECK(BDAttention<float>::prepare(dense, BDAttentionOptions{}.with_mode(Mode::VO)).warnings().empty());
+  const auto per_head = BDAttentionOptions{}.with_mode(Mode::VO).with_windows(Windows::per_head);
+  BD_CHECK_THROWS_CONTAINING(BDAttention<float>::prepare(dense, per_head), bd::RefusedError,
+                             Contains("refused by the cost model") && Contains("n_q/n_kv = 2") && Contains("KV cache") &&
+                                 Contains("slower") && Contains("per_group"));
+  const auto warned = BDAttention<float>::prepare(dense, BDAttentionOptions(per_head).with_cost_policy(CostPolicy::Warn));
   REQUIRE(warned.warnings().size() == 1);
   CHECK_THAT(warned.warnings().front(), Contains("K'/V' need 8 heads instead of 4"));
-  const auto allowed = BDAttention<float>::prepare(dense, BDAttentionOptions{}.with_mode(Mode::VO).with_cost_policy(CostPolicy::Allow));
+  const auto allowed = BDAttention<float>::prepare(dense, BDAttentionOptions(per_head).with_cost_policy(CostPolicy::Allow));
   CHECK(allowed.warnings().empty());
 }
 

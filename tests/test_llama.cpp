@@ -108,12 +108,16 @@ TEST_CASE("fp16 and bf16: BD logit error within 1.15x (pivoted) of the dense mod
   CHECK(error_ratio<Eigen::bfloat16>(bd::Basis::Pivoted) <= 1.15);
 }
 
-TEST_CASE("LLaMA: QK is refused under RoPE, VO is refused by the cost model (GQA 2:1)", "[real-model][llama]") {
+TEST_CASE("LLaMA: QK is refused under RoPE; VO per key/value group is prepared, per query head refused (GQA 2:1)",
+          "[real-model][llama]") {
   const Reference& r = reference();
   BD_CHECK_THROWS_CONTAINING(r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::QK)), bd::RefusedError,
                              Contains("RoPE"));
-  BD_CHECK_THROWS_CONTAINING(r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::VO)), bd::RefusedError,
-                             Contains("cost model") && Contains("n_q/n_kv = 2"));
+  const auto grouped = r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::VO));
+  CHECK(grouped.layers.front().attention.vo_indices().heads() == 4);
+  BD_CHECK_THROWS_CONTAINING(
+      r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::VO).with_windows(bd::nn::Windows::per_head)),
+      bd::RefusedError, Contains("cost model") && Contains("n_q/n_kv = 2"));
 }
 
 TEST_CASE("LLaMA attention decodes token by token as it runs in one pass", "[real-model][decode]") {

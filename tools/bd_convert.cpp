@@ -2,7 +2,8 @@
 //
 //   bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f64|f32|f16|bf16]
 //              [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]
-//              [--latent-window-last] [--force] [--quiet] [--report FILE.json] INPUT OUTPUT
+//              [--windows per-group|per-head] [--latent-window-last] [--force] [--quiet]
+//              [--report FILE.json] INPUT OUTPUT
 //   bd-convert --demo [--layers N]
 //
 // INPUT is a Hugging Face model folder (config.json and model.safetensors, or shards with
@@ -28,13 +29,16 @@ namespace {
 constexpr const char* kUsage =
     "usage: bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f64|f32|f16|bf16]\n"
     "                  [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]\n"
-    "                  [--latent-window-last] [--force] [--quiet] [--report FILE.json] INPUT OUTPUT\n"
+    "                  [--windows per-group|per-head] [--latent-window-last] [--force] [--quiet]\n"
+    "                  [--report FILE.json] INPUT OUTPUT\n"
     "       bd-convert --demo [--layers N]\n"
     "INPUT is a model folder: config.json and model.safetensors, or shards listed by\n"
     "model.safetensors.index.json. OUTPUT ending in .safetensors is one file; otherwise a new\n"
     "folder with the same shards, a new index and config.json (with a \"bd\" record).\n"
     "--latent-window-last (deepseek-v2, mode qkvo): reorder each layer's latent channels so the\n"
-    "QK window is last, making K' one GEMM call on a GPU (kv_a_proj and its norm written reordered).\n";
+    "QK window is last, making K' one GEMM call on a GPU (kv_a_proj and its norm written reordered).\n"
+    "--windows (grouped-query attention): per-group (default) chooses one window per key/value\n"
+    "head, so K'/V' and the KV cache keep the dense model's heads; per-head one per query head.\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -175,6 +179,7 @@ int main(int argc, char** argv) {
         if (v.empty() || *end || n <= 0) throw UsageError("--align needs a positive integer, got '" + v + "'");
         opts.decomposition.align = n;
       } else if (a == "--force") opts.force = true;
+      else if (a == "--windows") opts.windows = bd::nn::parse_windows(value());
       else if (a == "--latent-window-last") opts.latent_window_last = true;
       else if (a == "--quiet") quiet = true;
       else if (a == "--report") report_path = value();

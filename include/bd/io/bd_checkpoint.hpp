@@ -27,13 +27,17 @@ inline ConvertOptions recorded_options(const ModelFolder& m) { return format::op
 
 namespace detail {
 
-/// The channel indices of a family: an I32 tensor [heads, dim], ascending per head.
-BD_DEFERRED nn::HeadIndices stored_indices(const ModelFolder& m, const std::string& name, Eigen::Index heads, Eigen::Index dim,
-                                      Eigen::Index input_dim) {
+/// The channel indices of a family: an I32 tensor [heads, dim], ascending per head, heads either
+/// of `heads_options` (n_q: a window per query head; n_kv: per key/value group).
+BD_DEFERRED nn::HeadIndices stored_indices(const ModelFolder& m, const std::string& name,
+                                           std::pair<Eigen::Index, Eigen::Index> heads_options, Eigen::Index dim, Eigen::Index input_dim) {
   const TensorInfo& t = m.info(name);
-  if (t.dtype != DType::I32 || t.shape.size() != 2 || t.shape[0] != heads || t.shape[1] != dim)
+  if (t.dtype != DType::I32 || t.shape.size() != 2 || (t.shape[0] != heads_options.first && t.shape[0] != heads_options.second) ||
+      t.shape[1] != dim)
     throw FormatError(message(m.file_of(name).source(), ": tensor '", name, "' is ", to_string(t.dtype), " of ", t.shape.size(),
-                              " dimensions, expected I32 [", heads, ", ", dim, "]"));
+                              " dimensions, expected I32 [", heads_options.first, " (per query head) or ", heads_options.second,
+                              " (per key/value group), ", dim, "]"));
+  const Eigen::Index heads = t.shape[0];
   const std::vector<std::int64_t> v = m.file_of(name).values<std::int64_t>(name);
   std::vector<std::vector<Eigen::Index>> basis(static_cast<std::size_t>(heads));
   for (Eigen::Index h = 0; h < heads; ++h)
@@ -56,19 +60,20 @@ template <typename S>
 nn::BDAttention<S> read_bd_layer(const ModelFolder& m, const AttentionLayout& a, nn::Mode mode) {
   const std::string& P = a.prefix;
   const Eigen::Index n = a.config.n_q, dh = a.config.head_dim, dv = a.config.value_dim();
+  const std::pair<Eigen::Index, Eigen::Index> heads{n, a.config.n_kv};
   nn::BDWeights<S> w;
   if (nn::has_qk(mode)) {
     const format::TensorNames t = format::tensor_names(P, format::Family::QK);
     w.qk_basis = stored<S>(m, t.basis, a.d_q, n * dh);
-    w.qk_coeff = stored<S>(m, t.coeff, a.d_kv - dh, n * dh);
-    w.qk_indices = stored_indices(m, t.indices, n, dh, a.d_kv);
+    w.qk_indices = stored_indices(m, t.indices, heads, dh, a.d_kv);
+    w.qk_coeff = stored<S>(m, t.coeff, a.d_kv - dh, w.qk_indices.heads() * dh);
     if (m.contains(t.bias)) w.qk_bias = stored<S>(m, t.bias, n * dh, 1);
   }
   if (nn::has_vo(mode)) {
     const format::TensorNames t = format::tensor_names(P, format::Family::VO);
-    w.vo_coeff = stored<S>(m, t.coeff, a.d_kv - dv, n * dv);
+    w.vo_indices = stored_indices(m, t.indices, heads, dv, a.d_kv);
+    w.vo_coeff = stored<S>(m, t.coeff, a.d_kv - dv, w.vo_indices.heads() * dv);
     w.vo_basis = stored<S>(m, t.basis, n * dv, a.d_out);
-    w.vo_indices = stored_indices(m, t.indices, n, dv, a.d_kv);
     if (m.contains(t.bias)) w.vo_bias = stored<S>(m, t.bias, a.d_out, 1);
   }
   return nn::BDAttention<S>::assemble(a.config, mode, a.load().template cast<S>(), std::move(w));
@@ -119,7 +124,8 @@ inline bool is_bd_checkpoint(const std::string& path) {
 /// The instantiation bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
 /// BD_COMPILED_IO.
 #define BD_BD_CHECKPOINT_INSTANTIATIONS(prefix) \
-  prefix nn::HeadIndices detail::stored_indices<>(const ModelFolder&, const std::string&, Eigen::Index, Eigen::Index, Eigen::Index);
+  prefix nn::HeadIndices detail::stored_indices<>(const ModelFolder&, const std::string&, std::pair<Eigen::Index, Eigen::Index>, \
+                                                  Eigen::Index, Eigen::Index);
 #ifdef BD_COMPILED_IO
 BD_BD_CHECKPOINT_INSTANTIATIONS(extern template)
 #endif

@@ -2,16 +2,19 @@
 // metadata keys and version are spelled. The writer (io/convert.hpp), the reader
 // (io/bd_checkpoint.hpp) and layer discovery (io/checkpoint.hpp) all go through it.
 //
-// Tensors (x·W orientation, [in, out]; n_q query heads, d_h head size; P a layer's prefix):
+// Tensors (x·W orientation, [in, out]; n_q query heads, d_h head size; P a layer's prefix; h the
+// heads of K' and V': n_kv with windows per key/value group — bd.windows "per-group", the
+// default — or n_q with a window per query head, "per-head"; the indices' first dimension says which):
 //   P.bd_qk.basis    [d_q_in, n_q·d_h]          replaces the query projection
-//   P.bd_qk.coeff    [d_k_in − d_h, n_q·d_h]    replaces the key projection
-//   P.bd_qk.indices  I32 [n_q, d_h]             key-input channels of each head's basis, ascending
+//   P.bd_qk.coeff    [d_k_in − d_h, h·d_h]      replaces the key projection
+//   P.bd_qk.indices  I32 [h, d_h]               key-input channels of each K' head's basis, ascending
 //   P.bd_qk.bias     [n_q·d_h]                  when the model has a query bias (β = bq·Wk[S]ᵀ)
-//   P.bd_vo.coeff    [d_v_in − d_h, n_q·d_h]    replaces the value projection
+//   P.bd_vo.coeff    [d_v_in − d_h, h·d_h]      replaces the value projection
 //   P.bd_vo.basis    [n_q·d_h, d_out]           replaces the output projection
-//   P.bd_vo.indices  I32 [n_q, d_h]
+//   P.bd_vo.indices  I32 [h, d_h]
 //   P.bd_vo.bias     [d_out]                    when the model has an output or value bias
-//   K'_h = X[:, indices[h]] + X[:, other channels, ascending]·coeff[:, h·d_h:(h+1)·d_h]  (V' alike)
+//   K'_k = X[:, indices[k]] + X[:, other channels, ascending]·coeff[:, k·d_h:(k+1)·d_h]  (V' alike);
+//   query head q attends with K'_k and V'_k, k = q·h/n_q (as dense GQA with K and V);
 //   Q' = X·bd_qk.basis + bd_qk.bias;  y = [O'_1 … O'_n]·bd_vo.basis + bd_vo.bias;  softmax scale unchanged.
 // The tensors these replace are absent; every other tensor is the source's, unchanged, except
 // the kept parts io/checkpoint.hpp names (slices of fused tensors that stay dense).
@@ -41,6 +44,7 @@ struct ConvertOptions {
   Storage storage = Storage::f32;  ///< the type of the written BD tensors
   bd::Options decomposition{};     ///< recorded: basis and align
   bool force = false;              ///< accept QK under RoPE and modes the cost model advises against
+  nn::Windows windows = nn::Windows::per_group;  ///< GQA: windows per key/value group or per query head
   /// deepseek-v2, mode qkvo: reorder each layer's latent channels so the QK window is last
   /// (nn/latent_permutation.hpp; K' is then one GEMM call on a GPU). kv_a_proj_with_mqa's latent
   /// rows and kv_a_layernorm are written reordered; shared-window bases only (not pivoted).
@@ -55,6 +59,7 @@ void to_json(Json& j, const ConvertOptions& o) {
            {"basis", bd::to_string(o.decomposition.basis)},
            {"align", o.decomposition.align},
            {"force", o.force},
+           {"windows", nn::to_string(o.windows)},
            {"latent_window_last", o.latent_window_last}};
 }
 
@@ -68,6 +73,8 @@ void from_json(const Json& j, ConvertOptions& o) {
   if (j.contains("basis")) o.decomposition.basis = parse_basis(j.at("basis").template get<std::string>());
   if (j.contains("align")) o.decomposition.align = j.at("align").template get<Index>();
   if (j.contains("force")) o.force = j.at("force").template get<bool>();
+  // Records before bd.windows existed were converted per query head.
+  o.windows = j.contains("windows") ? nn::parse_windows(j.at("windows").template get<std::string>()) : nn::Windows::per_head;
   if (j.contains("latent_window_last")) o.latent_window_last = j.at("latent_window_last").template get<bool>();
 }
 

@@ -193,19 +193,20 @@ BD_DEFERRED LayerPlan plan_layer(const ModelFolder& m, const AttentionLayout& a,
   const DType dt = dtype_of(opts.storage);
   const bool qk = nn::has_qk(opts.mode), vo = nn::has_vo(opts.mode);
   const std::int64_t n = a.config.n_q, dh = a.config.head_dim, dv = a.config.value_dim();
+  const std::int64_t h = opts.windows == nn::Windows::per_group ? a.config.n_kv : n;  // heads of K' and V'
   const std::string& P = a.prefix;
   if (qk) {  // in the order convert_layer writes them
     const format::TensorNames t = format::tensor_names(P, format::Family::QK);
     p.specs.push_back({t.basis, dt, {a.d_q, n * dh}});
-    p.specs.push_back({t.coeff, dt, {a.d_kv - dh, n * dh}});
-    p.specs.push_back({t.indices, DType::I32, {n, dh}});
+    p.specs.push_back({t.coeff, dt, {a.d_kv - dh, h * dh}});
+    p.specs.push_back({t.indices, DType::I32, {h, dh}});
     if (a.query_bias) p.specs.push_back({t.bias, dt, {n * dh}});
   }
   if (vo) {
     const format::TensorNames t = format::tensor_names(P, format::Family::VO);
-    p.specs.push_back({t.coeff, dt, {a.d_kv - dv, n * dv}});
+    p.specs.push_back({t.coeff, dt, {a.d_kv - dv, h * dv}});
     p.specs.push_back({t.basis, dt, {n * dv, a.d_out}});
-    p.specs.push_back({t.indices, DType::I32, {n, dv}});
+    p.specs.push_back({t.indices, DType::I32, {h, dv}});
     if (a.value_or_output_bias) p.specs.push_back({t.bias, dt, {a.d_out}});
   }
   if (qk) p.kept.insert(p.kept.end(), a.keep_with_qk.begin(), a.keep_with_qk.end());
@@ -241,6 +242,7 @@ std::vector<std::vector<unsigned char>> convert_layer(const ModelFolder& m, cons
     bo.mode = opts.mode;
     bo.decomposition = opts.decomposition;
     bo.force = opts.force;
+    bo.windows = opts.windows;
     bo.cost_policy = opts.force ? nn::CostPolicy::Warn : nn::CostPolicy::Refuse;
     try {
       bda = nn::BDAttention<S>::prepare(dense, bo, ws);

@@ -1,10 +1,12 @@
 // bd/nn/cost_model.hpp — what BD costs and saves in an attention layer, per token.
 //
 // FLOPs follow the paper's count: a dot product of length d is 2d − 1 operations, so a dense
-// key projection costs n_kv·d_h·(2d − 1) per token and its BD form n_q·d_h·2(d − d_h) (the
-// window adds one). BD works per query head, so with grouped-query attention (g = n_q/n_kv)
-// K'/V' get n_q heads: the projection is slower when g > (2d − 1)/(2(d − d_h)) and the KV cache
-// grows g-fold. BDAttention refuses such a mode unless told otherwise, with these figures.
+// key projection costs n_kv·d_h·(2d − 1) per token and its BD form h·d_h·2(d − d_h) (the window
+// adds one), h the heads of K'. With grouped-query attention (g = n_q/n_kv) BD chooses one
+// window per key/value group by default (Windows::per_group: C_g is the same for every query
+// head of the group, so h = n_kv and the cache is dense's); per query head (Windows::per_head)
+// h = n_q: the projection is slower when g > (2d − 1)/(2(d − d_h)) and the KV cache grows
+// g-fold. BDAttention refuses such a mode unless told otherwise, with these figures.
 //
 // MLA (mla_cost) is served from a latent cache of d_c + d_rope values per token, dense or BD.
 // Decoding absorbed, per token: the query absorption Q̃_h = Q_h·W_uk,hᵀ costs n·d_c·(2d_h − 1)
@@ -34,6 +36,18 @@ inline Mode parse_mode(const std::string& s) {
 }
 inline bool has_qk(Mode m) { return m != Mode::VO; }
 inline bool has_vo(Mode m) { return m != Mode::QK; }
+
+/// Where BD's windows are chosen under grouped-query attention (n_q query heads on n_kv
+/// key/value heads). per_group: one window and one C per key/value group, so K'/V' have n_kv
+/// heads and the cache is the dense layer's (each query head keeps its own basis); per_head: a
+/// window per query head, K'/V' with n_q heads. The same for MHA (n_q = n_kv).
+enum class Windows { per_group, per_head };
+inline const char* to_string(Windows w) { return w == Windows::per_group ? "per-group" : "per-head"; }
+inline Windows parse_windows(const std::string& s) {
+  if (s == "per-group") return Windows::per_group;
+  if (s == "per-head") return Windows::per_head;
+  throw RangeError("unknown windows '" + s + "': expected per-group or per-head");
+}
 
 /// Per-token cost of one attention layer's projections (the softmax core is the same for both).
 struct AttentionCost {
@@ -68,13 +82,14 @@ struct AttentionShape {
 struct CostComparison {
   AttentionCost dense, bd;
   Mode mode = Mode::QKVO;
+  Windows windows = Windows::per_group;
   bool slower() const { return bd.flops() > dense.flops(); }
   bool larger_cache() const { return bd.cache_elements > dense.cache_elements; }
   bool worthwhile() const { return !slower() && !larger_cache(); }
   double speedup() const { return dense.flops() / bd.flops(); }
 
   std::string describe() const {
-    return bd::detail::message("BD ", to_string(mode), ": ", bd.flops(), " FLOPs/token against ", dense.flops(),
+    return bd::detail::message("BD ", to_string(mode), " (", to_string(windows), " windows): ", bd.flops(), " FLOPs/token against ", dense.flops(),
                                " dense (", speedup(), "x), ", bd.parameters, " parameters against ", dense.parameters,
                                ", KV cache ", bd.cache_elements, " values/token against ", dense.cache_elements);
   }
@@ -82,9 +97,10 @@ struct CostComparison {
 
 inline double dot_flops(Index length) { return 2.0 * double(length) - 1.0; }
 
-inline CostComparison attention_cost(const AttentionShape& s, Mode mode) {
+inline CostComparison attention_cost(const AttentionShape& s, Mode mode, Windows windows = Windows::per_group) {
   const AttentionConfig& c = s.config;
   const double nq = double(c.n_q), nkv = double(c.n_kv), dh = double(c.head_dim), dv = double(c.value_dim());
+  const double heads = windows == Windows::per_group ? nkv : nq;  // of K' and V' (see Windows)
   const double dr = double(c.rope_dim);
   AttentionCost dense;
   dense.q_flops = nq * dh * dot_flops(s.d_q);
@@ -99,18 +115,18 @@ inline CostComparison attention_cost(const AttentionShape& s, Mode mode) {
 
   AttentionCost bd = dense;
   if (has_qk(mode)) {
-    // Q' = x·B_qk (same size as Wq); K'_h = z[window] + z[rest]·C_h: 2(d − d_h) per output.
-    bd.k_flops = nq * dh * 2.0 * (double(s.d_kv) - dh);
-    bd.parameters += double(s.d_kv - c.head_dim) * nq * dh - double(s.d_kv) * nkv * dh;
-    bd.cache_elements += (nq - nkv) * dh;
+    // Q' = x·B_qk (same size as Wq); K' = z[window] + z[rest]·C per head of K': 2(d − d_h) per output.
+    bd.k_flops = heads * dh * 2.0 * (double(s.d_kv) - dh);
+    bd.parameters += double(s.d_kv - c.head_dim) * heads * dh - double(s.d_kv) * nkv * dh;
+    bd.cache_elements += (heads - nkv) * dh;
   }
   if (has_vo(mode)) {
-    // V'_h = z[window] + z[rest]·C_h; y = O'·B_vo (same size as Wo).
-    bd.v_flops = nq * dv * 2.0 * (double(s.d_kv) - dv);
-    bd.parameters += double(s.d_kv - c.value_dim()) * nq * dv - double(s.d_kv) * nkv * dv;
-    bd.cache_elements += (nq - nkv) * dv;
+    // V' = z[window] + z[rest]·C per head of V'; y = O'·B_vo (same size as Wo).
+    bd.v_flops = heads * dv * 2.0 * (double(s.d_kv) - dv);
+    bd.parameters += double(s.d_kv - c.value_dim()) * heads * dv - double(s.d_kv) * nkv * dv;
+    bd.cache_elements += (heads - nkv) * dv;
   }
-  return {dense, bd, mode};
+  return {dense, bd, mode, windows};
 }
 
 /// MLA served from the latent cache: per decoded token (absorbed) and per prefill token, the
