@@ -81,5 +81,3 @@ void register_all() {
 const int registered = (register_all(), 0);
 
 }  // namespace
-
-BENCHMARK_MAIN();

@@ -4,14 +4,31 @@
 // the diagonal masked, grouped heads stacked into one task (GQA, MQA, all heads against one
 // latent), a query offset (chunked prefill, decoding), widths not multiples of NR — in float and
 // double, on every micro-kernel this CPU runs, and with scores of ±1e4, where a softmax without
-// its running maximum overflows; and the keys streamed over several calls equal one call.
+// its running maximum overflows; the keys streamed over several calls equal one call; and a call
+// of a shape the workspace has seen allocates nothing (decoding allocates no scratch per token).
 #include <bd/kernel/flash_attention.hpp>
 
 #include "support.hpp"
 
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+// Every operator new of this test program counted (the array and nothrow forms call this one).
+namespace {
+std::atomic<long> allocations{0};
+}
+void* operator new(std::size_t size) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -80,7 +97,7 @@ double run(const Shape& s, unsigned seed) {
 
 // The outputs are convex combinations of V's rows (|V| ≲ 4): the error is the scores' rounding
 // (d·u·|q||k| relative, times the score's size in the exponent) plus the sums' (Lk·u). With
-// unit Gaussians, d ≤ 80 and Lk ≤ 700 the worst seen is 1.3e-6 in float and 2.5e-15 in double.
+// unit Gaussians, d ≤ 80 and Lk ≤ 9000 the worst seen is 1.3e-6 in float and 2.5e-15 in double.
 constexpr double kFloat = 1e-5, kDouble = 1e-13;
 
 const Shape kShapes[] = {
@@ -92,12 +109,13 @@ const Shape kShapes[] = {
     {1, 513, 16, 1, 1, 64, 16, 64, true, 512},   // absorbed decoding: 16 heads against one latent
     {3, 300, 4, 4, 1, 12, 4, 12, false},         // K per head, V shared (BD's QK, dense VO)
     {200, 200, 4, 1, 4, 12, 0, 12, true},        // the other way round
-    // Few rows per key/value head (flash_attention_few_rows: keys as the tile's rows):
-    {1, 2500, 4, 4, 4, 24, 8, 16, true, 2499},   // decoding one token per head over several key blocks
+    // Few rows per key/value head (flash_attention_few_rows: K and V read in place):
+    {1, 9000, 2, 2, 2, 24, 8, 16, true, 8999},   // decoding one token per head over three key blocks
     {1, 900, 8, 2, 2, 16, 0, 12, true, 899},     // GQA 4:1 decoding: four rows against one key head
     {3, 40, 2, 2, 2, 8, 4, 8, true, 10},         // three queries at 10…12 over 40 keys: masked inside a block
-    {2, 1300, 4, 1, 1, 20, 4, 20, false},        // MQA, not causal, two queries per head: 8 rows
-};
+    {2, 1300, 4, 1, 1, 20, 4, 20, false},        // MQA, not causal, two queries per head: 8 rows, two sweeps
+    {3, 6000, 2, 1, 1, 21, 3, 9, true, 5997},    // 6 rows, 24 channels (not a multiple of 4 with d_qk 21)
+};                                               // over key blocks of 2720 (in L2 for two sweeps)
 
 }  // namespace
 
@@ -177,6 +195,39 @@ TEST_CASE("flash attention streamed over key blocks in several calls equals one 
     const double err = (streamed - whole).cwiseAbs().maxCoeff() / whole.cwiseAbs().maxCoeff();
     INFO(s.Lq << " queries, streamed against one call: " << err);
     CHECK(err <= 1e-6);
+    }
+  });
+}
+
+TEST_CASE("flash attention allocates nothing for a shape its workspace has seen: decoding allocates no scratch per token",
+          "[kernel][flash]") {
+  bd_test::for_each_isa([&] {
+    // A decoded token (one row per head, the few-row path) and a prefill chunk (the tiles), on all
+    // threads: the first call sizes the workspace's scratch, the next ones only read it.
+    for (const Shape& s : {Shape{1, 3000, 4, 4, 4, 16, 8, 16, true, 2999}, Shape{40, 300, 4, 2, 2, 16, 8, 16, true, 260}}) {
+      using M = Eigen::MatrixXf;
+      const M Q = bd_test::gaussian(s.Lq, s.n_q * s.d_qk, 1).cast<float>(), Qr = bd_test::gaussian(s.Lq, s.n_q * s.d_rope, 2).cast<float>();
+      const M K = bd_test::gaussian(s.Lk, s.n_k * s.d_qk, 3).cast<float>(), Kr = bd_test::gaussian(s.Lk, s.d_rope, 4).cast<float>();
+      const M V = bd_test::gaussian(s.Lk, s.n_v * s.d_v, 5).cast<float>();
+      M O(s.Lq, s.n_q * s.d_v);
+      AttentionArguments<float> a;
+      a.q_len = s.Lq, a.k_len = s.Lk, a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = s.n_v, a.d_qk = s.d_qk, a.d_rope = s.d_rope,
+      a.d_v = s.d_v;
+      a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq, a.k = K.data(), a.ldk = s.Lk, a.kr = Kr.data(),
+      a.ldkr = s.Lk, a.v = V.data(), a.ldv = s.Lk, a.out = O.data(), a.ldo = s.Lq;
+      a.scale = 0.2f, a.causal = true, a.first_query_position = s.first;
+      bd::Workspace ws;
+      const long before_first = allocations.load();
+      bd::kernel::flash_attention(a, 0, ws);
+      const long first = allocations.load() - before_first;
+      const M once = O;
+      const long before = allocations.load();
+      for (int token = 0; token < 5; ++token) bd::kernel::flash_attention(a, 0, ws);
+      const long later = allocations.load() - before;
+      INFO(s.Lq << " queries: the first call allocated " << first << " times, five more " << later << " times");
+      CHECK(first > 0);  // the counter sees the scratch being made
+      CHECK(later == 0);
+      CHECK(O == once);
     }
   });
 }

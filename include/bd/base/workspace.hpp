@@ -83,6 +83,25 @@ private:
   std::unordered_map<std::thread::id, std::unique_ptr<Arena>> arenas_;
 };
 
+/// A grow-only array of T for a stage's scratch (a Workspace's type holds one or more): reserve(n)
+/// returns room for n values, reallocating only when n exceeds the largest request so far, and
+/// never fills it (the stage writes every value it reads). Taken before any parallel region, so
+/// nothing inside one allocates or throws.
+template <typename T>
+struct ScratchBuffer {
+  std::unique_ptr<T[]> buffer;
+  std::size_t capacity = 0;
+
+  T* reserve(std::size_t count) {
+    if (capacity < count) {
+      buffer.reset();
+      buffer.reset(new T[count]);  // default-initialised: no fill
+      capacity = count;
+    }
+    return buffer.get();
+  }
+};
+
 /// The process's workspace, used by every bd function not given one. Its buffers last until
 /// the process ends or default_workspace().release() (with no bd computation running).
 inline Workspace& default_workspace() {

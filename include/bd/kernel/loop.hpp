@@ -160,19 +160,7 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
 /// preparation neither zero nor fault in fresh pages each time. Grows to the largest GEMM the
 /// thread has run. Taken before any parallel region, so nothing inside one can throw.
 template <typename T>
-struct PackingSpace {
-  std::unique_ptr<T[]> buffer;
-  std::size_t capacity = 0;
-
-  T* reserve(std::size_t count) {
-    if (capacity < count) {
-      buffer.reset();
-      buffer.reset(new T[count]);  // default-initialised: no fill
-      capacity = count;
-    }
-    return buffer.get();
-  }
-};
+struct PackingSpace : ScratchBuffer<T> {};
 
 /// The packed GEMM on one kernel. Work is split as a grid: the columns (all segments side by
 /// side) into `column_groups` equal ranges, cut anywhere, and the rows into threads /

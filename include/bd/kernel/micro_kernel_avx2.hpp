@@ -120,6 +120,12 @@ struct Avx2Kernel {
   static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) {
     avx2::dot_columns<Ops>(count, rows, ldr, depth, b, ldb, columns, result);
   }
+  /// Few-row attention's scores, K read in place: s[i·lds + j] (+)= Σ_c k[c·ldk + j]·q[c·ldq + i],
+  /// i < count ≤ 4, j < n, c < depth; `start`: from zero.
+  static void column_scores(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
+                            bool start) {
+    avx2::column_scores<Ops>(count, n, depth, k, ldk, q, ldq, s, lds, start);
+  }
   /// Flash attention (flash_attention.hpp): one online-softmax step of an MR-row panel, and the
   /// rescaling of its output accumulators.
   static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) { avx2::softmax_panel<mr, Ops>(s, n, m, l, alpha); }

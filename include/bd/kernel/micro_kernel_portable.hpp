@@ -83,6 +83,12 @@ struct PortableKernel {
       }
   }
 
+  /// Few-row attention's scores, K read in place: s[i·lds + j] (+)= Σ_c k[c·ldk + j]·q[c·ldq + i],
+  /// i < count ≤ 4, j < n, c < depth; `start`: from zero.
+  static void column_scores(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
+                            bool start) {
+    portable::column_scores<portable::Ops<T>>(count, n, depth, k, ldk, q, ldq, s, lds, start);
+  }
   /// Flash attention (flash_attention.hpp): micro_kernel_simd.inc's softmax step and rescaling
   /// one scalar at a time.
   static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) {
