@@ -105,6 +105,28 @@ std::pair<MatrixXd, double> attend(const Shape& s, unsigned seed, int threads) {
   return {got, (got - expected).cwiseAbs().maxCoeff() / expected.cwiseAbs().maxCoeff()};
 }
 
+/// Seeded float inputs of shape s and the call that reads them (scale 0.2, causal from s.first),
+/// writing into `out`: the streaming and allocation tests' setup.
+struct FloatCall {
+  using M = Eigen::MatrixXf;
+  M Q, Qr, K, Kr, V;
+  explicit FloatCall(const Shape& s)
+      : Q(bd_test::gaussian(s.Lq, s.n_q * s.d_qk, 1).cast<float>()),
+        Qr(bd_test::gaussian(s.Lq, s.n_q * s.d_rope, 2).cast<float>()),
+        K(bd_test::gaussian(s.Lk, s.n_k * s.d_qk, 3).cast<float>()),
+        Kr(bd_test::gaussian(s.Lk, s.d_rope, 4).cast<float>()),
+        V(bd_test::gaussian(s.Lk, s.n_v * s.d_v, 5).cast<float>()) {}
+  AttentionArguments<float> arguments(const Shape& s, M& out) const {
+    AttentionArguments<float> a;
+    a.q_len = s.Lq, a.k_len = s.Lk, a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = s.n_v, a.d_qk = s.d_qk, a.d_rope = s.d_rope,
+    a.d_v = s.d_v;
+    a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq, a.k = K.data(), a.ldk = s.Lk, a.kr = Kr.data(),
+    a.ldkr = s.Lk, a.v = V.data(), a.ldv = s.Lk, a.out = out.data(), a.ldo = s.Lq;
+    a.scale = 0.2f, a.causal = true, a.first_query_position = s.first;
+    return a;
+  }
+};
+
 template <typename T>
 double run(const Shape& s, unsigned seed) {
   return attend<T>(s, seed, 0).second;
@@ -187,16 +209,10 @@ TEST_CASE("flash attention streamed over key blocks in several calls equals one 
     // queries, 4 rows per key head (the few-row path).
     for (const Shape& s : {Shape{20, 300, 4, 2, 2, 16, 8, 12, true, 280}, Shape{2, 300, 4, 2, 2, 16, 8, 12, true, 298}}) {
     using M = Eigen::MatrixXf;
-    const M Q = bd_test::gaussian(s.Lq, s.n_q * s.d_qk, 1).cast<float>(), Qr = bd_test::gaussian(s.Lq, s.n_q * s.d_rope, 2).cast<float>();
-    const M K = bd_test::gaussian(s.Lk, s.n_k * s.d_qk, 3).cast<float>(), Kr = bd_test::gaussian(s.Lk, s.d_rope, 4).cast<float>();
-    const M V = bd_test::gaussian(s.Lk, s.n_v * s.d_v, 5).cast<float>();
-    AttentionArguments<float> a;
-    a.q_len = s.Lq, a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = s.n_v, a.d_qk = s.d_qk, a.d_rope = s.d_rope, a.d_v = s.d_v;
-    a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq;
-    a.scale = 0.2f, a.causal = true, a.first_query_position = s.first;
+    const FloatCall in(s);
+    const M &K = in.K, &Kr = in.Kr, &V = in.V;
     M whole(s.Lq, s.n_q * s.d_v), streamed = M::Zero(s.Lq, s.n_q * s.d_v);
-    a.k = K.data(), a.ldk = s.Lk, a.kr = Kr.data(), a.ldkr = s.Lk, a.v = V.data(), a.ldv = s.Lk, a.k_len = s.Lk;
-    a.out = whole.data(), a.ldo = s.Lq;
+    AttentionArguments<float> a = in.arguments(s, whole);
     bd::kernel::flash_attention(a);
     std::vector<float> row_max(std::size_t(s.n_q * s.Lq), -std::numeric_limits<float>::infinity()), row_sum(row_max.size(), 0.f);
     a.out = streamed.data(), a.row_max = row_max.data(), a.row_sum = row_sum.data();
@@ -225,16 +241,9 @@ TEST_CASE("flash attention allocates nothing for a shape its workspace has seen:
     // threads: the first call sizes the workspace's scratch, the next ones only read it.
     for (const Shape& s : {Shape{1, 3000, 4, 4, 4, 16, 8, 16, true, 2999}, Shape{40, 300, 4, 2, 2, 16, 8, 16, true, 260}}) {
       using M = Eigen::MatrixXf;
-      const M Q = bd_test::gaussian(s.Lq, s.n_q * s.d_qk, 1).cast<float>(), Qr = bd_test::gaussian(s.Lq, s.n_q * s.d_rope, 2).cast<float>();
-      const M K = bd_test::gaussian(s.Lk, s.n_k * s.d_qk, 3).cast<float>(), Kr = bd_test::gaussian(s.Lk, s.d_rope, 4).cast<float>();
-      const M V = bd_test::gaussian(s.Lk, s.n_v * s.d_v, 5).cast<float>();
+      const FloatCall in(s);
       M O(s.Lq, s.n_q * s.d_v);
-      AttentionArguments<float> a;
-      a.q_len = s.Lq, a.k_len = s.Lk, a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = s.n_v, a.d_qk = s.d_qk, a.d_rope = s.d_rope,
-      a.d_v = s.d_v;
-      a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq, a.k = K.data(), a.ldk = s.Lk, a.kr = Kr.data(),
-      a.ldkr = s.Lk, a.v = V.data(), a.ldv = s.Lk, a.out = O.data(), a.ldo = s.Lq;
-      a.scale = 0.2f, a.causal = true, a.first_query_position = s.first;
+      const AttentionArguments<float> a = in.arguments(s, O);
       bd::Workspace ws;
       const long before_first = allocations.load();
       bd::kernel::flash_attention(a, 0, ws);
