@@ -97,7 +97,7 @@ void run(benchmark::State& state, const std::string& impl) {
   bd::cuda::BDProjection<T> kernel;
   bd::cuda::CublasBDProjection<T> via_cublas(handle);
   bd::cuda::CublasLtBDProjection<T> via_cublaslt(lt_handle, workspace, kWorkspaceBytes,
-                                                 impl == "bd_cublaslt_pieces" ? bd::cuda::Pieces::in_place : bd::cuda::Pieces::gathered);
+                                                 impl == "bd_cublaslt_pieces" ? bd::cuda::Pieces::InPlace : bd::cuda::Pieces::Gathered);
   bd::cuda::CublasDense<T> dense(handle);
   bd::cuda::HopperBDProjection<T> hopper;
   const int offset = impl == "bd_cublaslt_last" ? kD - kDh : kOffset;

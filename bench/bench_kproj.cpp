@@ -199,7 +199,7 @@ int register_all() {
   for (const std::string impl : {"dense_blocked", "dense_kernel", "bd", "bd_pivoted"})
     benchmark::RegisterBenchmark(("kproj_bf16/" + impl).c_str(), [impl](benchmark::State& s) { run<Eigen::bfloat16>(s, impl); })
         ->Apply(lengths);
-  for (bd::kernel::Isa isa : {bd::kernel::Isa::portable, bd::kernel::Isa::avx2, bd::kernel::Isa::avx512}) {
+  for (bd::kernel::Isa isa : {bd::kernel::Isa::Portable, bd::kernel::Isa::AVX2, bd::kernel::Isa::AVX512}) {
     if (!bd::kernel::cpu_has(isa)) continue;
     for (const std::string impl : {"dense_kernel", "bd"}) {
       const std::string name = std::string("kproj_cpu_") + bd::kernel::to_string(isa) + "/" + impl;

@@ -289,7 +289,7 @@ int register_all() {
                                    [impl, s](benchmark::State& st) { linear(st, impl, s); })
           ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
     // The BD_CPU sweep: BDLinear on each instruction set this CPU runs.
-    for (bd::kernel::Isa isa : {bd::kernel::Isa::portable, bd::kernel::Isa::avx2, bd::kernel::Isa::avx512}) {
+    for (bd::kernel::Isa isa : {bd::kernel::Isa::Portable, bd::kernel::Isa::AVX2, bd::kernel::Isa::AVX512}) {
       if (!bd::kernel::cpu_has(isa)) continue;
       benchmark::RegisterBenchmark((std::string("linear_cpu_") + bd::kernel::to_string(isa) + "/bd/" + s.name()).c_str(),
                                    [isa, s](benchmark::State& st) {

@@ -110,15 +110,15 @@ void prefill_chunk(benchmark::State& state, bool bd, bd::nn::PrefillPath path) {
   const auto per = bd::nn::attention_cost(pair.shape, bd::nn::Mode::QKVO);
   const double own = double(kChunk) * (per.dense.q_flops + per.dense.o_flops + per.dense.other_flops);
   const auto plan_d = pair.dense.plan_chunk(kChunk, context + kChunk), plan_b = pair.bd.plan_chunk(kChunk, context + kChunk);
-  const bd::nn::PrefillPath chosen_d = path == bd::nn::PrefillPath::automatic ? plan_d.path : path;
-  const bd::nn::PrefillPath chosen_b = path == bd::nn::PrefillPath::automatic ? plan_b.path : path;
+  const bd::nn::PrefillPath chosen_d = path == bd::nn::PrefillPath::Automatic ? plan_d.path : path;
+  const bd::nn::PrefillPath chosen_b = path == bd::nn::PrefillPath::Automatic ? plan_b.path : path;
   const auto work = [](const bd::nn::ChunkPlan& p, bd::nn::PrefillPath c) {
-    return c == bd::nn::PrefillPath::absorbed ? p.absorbed_flops : p.recompute_flops;
+    return c == bd::nn::PrefillPath::Absorbed ? p.absorbed_flops : p.recompute_flops;
   };
   const double dense = own + work(plan_d, chosen_d), bdf = own + work(plan_b, chosen_b);
   state.counters["FLOP/s"] = benchmark::Counter(bd ? bdf : dense, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["theoretical_ratio"] = dense / bdf;
-  state.counters["absorbed"] = double((bd ? chosen_b : chosen_d) == bd::nn::PrefillPath::absorbed);
+  state.counters["absorbed"] = double((bd ? chosen_b : chosen_d) == bd::nn::PrefillPath::Absorbed);
 }
 
 int register_all() {
@@ -127,10 +127,10 @@ int register_all() {
     benchmark::RegisterBenchmark(("decode/mla_absorbed/" + name).c_str(), [bd](benchmark::State& s) { decode_absorbed(s, bd); })
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
     benchmark::RegisterBenchmark(("prefill/mla_chunk/" + name).c_str(),
-                                 [bd](benchmark::State& s) { prefill_chunk(s, bd, bd::nn::PrefillPath::automatic); })
+                                 [bd](benchmark::State& s) { prefill_chunk(s, bd, bd::nn::PrefillPath::Automatic); })
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
     benchmark::RegisterBenchmark(("prefill/mla_recompute/" + name).c_str(),
-                                 [bd](benchmark::State& s) { prefill_chunk(s, bd, bd::nn::PrefillPath::recompute); })
+                                 [bd](benchmark::State& s) { prefill_chunk(s, bd, bd::nn::PrefillPath::Recompute); })
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   }
   return 0;

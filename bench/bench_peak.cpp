@@ -51,7 +51,7 @@ void peak(benchmark::State& state, bd::kernel::Isa isa) {
 }
 
 const int registered = [] {
-  for (bd::kernel::Isa isa : {bd::kernel::Isa::portable, bd::kernel::Isa::avx2, bd::kernel::Isa::avx512})
+  for (bd::kernel::Isa isa : {bd::kernel::Isa::Portable, bd::kernel::Isa::AVX2, bd::kernel::Isa::AVX512})
     if (bd::kernel::cpu_has(isa))
       benchmark::RegisterBenchmark((std::string("peak/") + bd::kernel::to_string(isa)).c_str(),
                                    [isa](benchmark::State& s) { peak(s, isa); })

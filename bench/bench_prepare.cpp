@@ -18,7 +18,7 @@ using bd_bench::v2_lite_layers;
 using bd_bench::v3_layer;
 
 template <typename Scalar>
-void prepare(benchmark::State& state, const std::vector<bd::synthetic::AttentionLayerFactors>& layers, bd::Basis basis,
+void prepare(benchmark::State& state, const std::vector<synthetic::AttentionLayerFactors>& layers, bd::Basis basis,
              int model_layers) {
   const bd::Options qk = bd::Options{}.with_side(bd::Side::Col).with_basis(basis);
   const bd::Options vo = bd::Options{}.with_side(bd::Side::Row).with_basis(basis);
@@ -71,7 +71,7 @@ void register_all() {
     const bd::Basis b = basis;
     benchmark::RegisterBenchmark((std::string("prepare/") + name + "/deepseek-v3/layer").c_str(),
                                  [b](benchmark::State& s) {
-                                   prepare<Eigen::half>(s, v3_layer(), b, bd::synthetic::DeepSeekV3::layers);
+                                   prepare<Eigen::half>(s, v3_layer(), b, synthetic::DeepSeekV3::layers);
                                  })
         ->Unit(benchmark::kSecond)
         ->Iterations(1);

@@ -154,7 +154,7 @@ double pass(Index count, Body&& body) {
 }
 
 void floor(benchmark::State& state, Ranking ranking) {
-  const Index m = bd::synthetic::DeepSeekV2Lite::latent, r = bd::synthetic::DeepSeekV2Lite::head_dim;
+  const Index m = synthetic::DeepSeekV2Lite::latent, r = synthetic::DeepSeekV2Lite::head_dim;
   bd::Workspace ws;
   std::vector<Scratch> per_thread(static_cast<std::size_t>(bd::max_threads()), make_scratch(m, r));
   double factor_s = 0, score_s = 0, fit_s = 0, error_s = 0;

@@ -4,23 +4,23 @@
 
 #include <vector>
 
-#include <bd/nn/synthetic_deepseek.hpp>
+#include "synthetic_deepseek.hpp"  // demo data (examples/)
 
 namespace bd_bench {
 
 /// All 27 layers of a synthetic DeepSeek-V2-Lite (exact shapes).
-inline const std::vector<bd::synthetic::AttentionLayerFactors>& v2_lite_layers() {
+inline const std::vector<synthetic::AttentionLayerFactors>& v2_lite_layers() {
   static const auto layers = [] {
-    std::vector<bd::synthetic::AttentionLayerFactors> out;
-    for (int l = 0; l < bd::synthetic::DeepSeekV2Lite::layers; ++l) out.push_back(bd::synthetic::synthetic_layer(l));
+    std::vector<synthetic::AttentionLayerFactors> out;
+    for (int l = 0; l < synthetic::DeepSeekV2Lite::layers; ++l) out.push_back(synthetic::synthetic_layer(l));
     return out;
   }();
   return layers;
 }
 
 /// One layer of a synthetic DeepSeek-V3 (128 heads; the query side is the q LoRA latent).
-inline const std::vector<bd::synthetic::AttentionLayerFactors>& v3_layer() {
-  static const std::vector<bd::synthetic::AttentionLayerFactors> layers{bd::synthetic::synthetic_v3_layer(0)};
+inline const std::vector<synthetic::AttentionLayerFactors>& v3_layer() {
+  static const std::vector<synthetic::AttentionLayerFactors> layers{synthetic::synthetic_v3_layer(0)};
   return layers;
 }
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include <bd/nn/synthetic_deepseek.hpp>
+#include "synthetic_deepseek.hpp"  // demo data (examples/)
 
 namespace {
 
@@ -26,7 +26,7 @@ struct Row {
 };
 
 template <typename Scalar>
-Row run(bd::Basis basis, const std::vector<bd::synthetic::AttentionLayerFactors>& layers) {
+Row run(bd::Basis basis, const std::vector<synthetic::AttentionLayerFactors>& layers) {
   Row row;
   row.strategy = bd::to_string(basis);
   const bd::Options qk = bd::Options{}.with_side(bd::Side::Col).with_basis(basis);
@@ -67,8 +67,8 @@ int usage(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int layer_count = bd::synthetic::DeepSeekV2Lite::layers;
-  bd::Storage storage = bd::Storage::f16;
+  int layer_count = synthetic::DeepSeekV2Lite::layers;
+  bd::Storage storage = bd::Storage::F16;
   std::vector<std::string> strategies{"first", "residual-min", "offset-search", "pivoted", "auto"};
   double max_nmse = -1;  // no check
   for (int i = 1; i < argc; ++i) {
@@ -86,14 +86,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--max-nmse") && has_value) max_nmse = std::atof(argv[++i]);
     else return usage(argv[0]);
   }
-  if (layer_count < 1 || layer_count > bd::synthetic::DeepSeekV2Lite::layers)
+  if (layer_count < 1 || layer_count > synthetic::DeepSeekV2Lite::layers)
     return usage(argv[0]);
 
   std::printf("Synthetic DeepSeek-V2-Lite attention: %d layers x 16 heads, hidden 2048, latent 512, head dim 128\n"
               "QK column form, VO row form, windows on the 512-wide latent; stored in %s; %d threads\n\n",
               layer_count, bd::to_string(storage), bd::max_threads());
-  std::vector<bd::synthetic::AttentionLayerFactors> layers;
-  for (int l = 0; l < layer_count; ++l) layers.push_back(bd::synthetic::synthetic_layer(static_cast<unsigned>(l)));
+  std::vector<synthetic::AttentionLayerFactors> layers;
+  for (int l = 0; l < layer_count; ++l) layers.push_back(synthetic::synthetic_layer(static_cast<unsigned>(l)));
 
   std::printf("%-14s %12s %12s %9s %11s %11s %9s  %s\n", "strategy", "params", "BD params", "saved", "NMSE QK", "NMSE VO",
               "time (s)", "windows");

@@ -32,7 +32,7 @@ using bd::nn::BDAttentionOptions;
 
 struct Args {
   std::string dir, basis = "auto", windows = "per-group";
-  bd::Storage storage = bd::Storage::f32;
+  bd::Storage storage = bd::Storage::F32;
   bd::nn::Mode mode = bd::nn::Mode::VO;
   bool force = false, table = false;
   double max_logit_error = -1;  ///< < 0: report only
@@ -194,7 +194,7 @@ int main(int argc, char** argv) {
     if (a.table) {
       std::printf("\n| dtype | basis | dense ppl | BD ppl | ppl change | dense logit err | BD logit err | ratio |\n"
                   "|---|---|---|---|---|---|---|---|\n");
-      for (const bd::Storage storage : {bd::Storage::f32, bd::Storage::f16, bd::Storage::bf16}) {
+      for (const bd::Storage storage : {bd::Storage::F32, bd::Storage::F16, bd::Storage::BF16}) {
         for (const char* basis : {"first", "residual-min", "offset-search", "pivoted", "auto"}) {
           Args row = a;
           row.storage = storage;

@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
   try {
     if (a.prompt.empty()) throw bd::RangeError("the prompt is empty: give --prompt TEXT");
     const bd::Storage s = bd::parse_storage(a.dtype);
-    if (s == bd::Storage::f64) throw bd::RangeError("--dtype f64: the BD model runs in f32, f16 or bf16 here");
+    if (s == bd::Storage::F64) throw bd::RangeError("--dtype f64: the BD model runs in f32, f16 or bf16 here");
     return bd::dispatch(s, [&](auto t) {
       using S = typename decltype(t)::type;
       if constexpr (std::is_same_v<S, double>) return 1;

@@ -27,7 +27,7 @@ namespace {
 
 struct Args {
   std::string dir, basis = "auto";
-  bd::Storage storage = bd::Storage::bf16;
+  bd::Storage storage = bd::Storage::BF16;
   bd::nn::Mode mode = bd::nn::Mode::QKVO;
   int tokens = 16;
 };

@@ -114,9 +114,9 @@ void for_each_isa(Body&& body) {
     Isa before = bd::kernel::active_isa();
     ~Restore() { bd::kernel::use_isa(before); }
   } restore;
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
+  for (Isa isa : {Isa::Portable, Isa::AVX2, Isa::AVX512}) {
     if (!bd::kernel::cpu_has(isa)) {
-      WARN("skipped: CPU lacks " << (isa == Isa::avx512 ? "AVX-512 (F, BW, DQ, VL)" : "AVX2 + FMA"));
+      WARN("skipped: CPU lacks " << (isa == Isa::AVX512 ? "AVX-512 (F, BW, DQ, VL)" : "AVX2 + FMA"));
       continue;
     }
     bd::kernel::use_isa(isa);

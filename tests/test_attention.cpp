@@ -17,13 +17,13 @@ namespace {
 
 const Mode kModes[] = {Mode::QK, Mode::VO, Mode::QKVO};
 
-BDAttentionOptions allow(Mode m, bd::Basis basis = bd::Basis::OffsetSearch, Windows windows = Windows::per_group) {
+BDAttentionOptions allow(Mode m, bd::Basis basis = bd::Basis::OffsetSearch, Windows windows = Windows::PerGroup) {
   return BDAttentionOptions{}.with_mode(m).with_basis(basis).with_cost_policy(CostPolicy::Allow).with_windows(windows);
 }
 
 /// BD in fp32 against the dense layer in fp32, for every mode; returns the worst relative error.
 double check_equal(const LayerSpec& spec, unsigned seed, Eigen::Index L = 12, Eigen::Index L_kv = 0,
-                   bd::Basis basis = bd::Basis::OffsetSearch, Windows windows = Windows::per_group) {
+                   bd::Basis basis = bd::Basis::OffsetSearch, Windows windows = Windows::PerGroup) {
   const auto dense64 = bd_test::random_attention(spec, seed);
   const auto dense = dense64.cast<float>();
   const Eigen::MatrixXf x = bd_test::gaussian(L, dense.input_dim(), seed + 1).cast<float>();
@@ -67,7 +67,7 @@ TEST_CASE("biases: query bias becomes a Q' bias, key bias drops out, value bias 
 }
 
 TEST_CASE("GQA 2:1, 4:1 and 8:1: K'/V' per key/value group and per query head equal dense", "[attention][gqa]") {
-  for (const Windows w : {Windows::per_group, Windows::per_head})
+  for (const Windows w : {Windows::PerGroup, Windows::PerHead})
     for (const bd::Basis b : {bd::Basis::OffsetSearch, bd::Basis::Pivoted}) {
       LayerSpec s;
       s.n_q = 8;
@@ -88,7 +88,7 @@ TEST_CASE("MQA: one key/value head for all query heads", "[attention][gqa]") {
   s.n_q = 6;
   s.n_kv = 1;
   s.biases = true;
-  for (const Windows w : {Windows::per_group, Windows::per_head}) check_equal(s, 3, 12, 0, bd::Basis::OffsetSearch, w);
+  for (const Windows w : {Windows::PerGroup, Windows::PerHead}) check_equal(s, 3, 12, 0, bd::Basis::OffsetSearch, w);
 }
 
 TEST_CASE("GQA per group: one window and one C serve every query head of a group, and the cache is the dense cache",
@@ -100,10 +100,10 @@ TEST_CASE("GQA per group: one window and one C serve every query head of a group
   s.n_kv = 2;
   s.biases = true;
   const auto dense = bd_test::random_attention(s, 21);
-  const auto group = BDAttention<double>::prepare(dense, allow(Mode::QKVO, bd::Basis::First, Windows::per_group));
-  const auto head = BDAttention<double>::prepare(dense, allow(Mode::QKVO, bd::Basis::First, Windows::per_head));
+  const auto group = BDAttention<double>::prepare(dense, allow(Mode::QKVO, bd::Basis::First, Windows::PerGroup));
+  const auto head = BDAttention<double>::prepare(dense, allow(Mode::QKVO, bd::Basis::First, Windows::PerHead));
   const Eigen::Index dh = s.head_dim, G = s.n_q / s.n_kv;
-  CHECK(group.windows() == Windows::per_group);
+  CHECK(group.windows() == Windows::PerGroup);
   CHECK(group.vo_indices().heads() == s.n_kv);
   CHECK(group.qk_indices().heads() == s.n_kv);
   CHECK(group.vo_coeff().cols() == s.n_kv * dh);
@@ -209,7 +209,7 @@ TEST_CASE("KV-cache decoding equals running the whole sequence at once", "[atten
     const Eigen::MatrixXd x = bd_test::gaussian(11, dense.input_dim(), 14);
     const Eigen::MatrixXd full = dense.forward(x);
     for (Mode m : kModes) {
-      const Windows windows = m == Mode::QK ? Windows::per_head : Windows::per_group;  // both forms decode
+      const Windows windows = m == Mode::QK ? Windows::PerHead : Windows::PerGroup;  // both forms decode
       const auto bda = BDAttention<double>::prepare(dense, allow(m, bd::Basis::OffsetSearch, windows));
       bd::nn::KVCache<double> cache, dense_cache;
       Eigen::MatrixXd stepped(11, full.cols()), dense_stepped(11, full.cols());
@@ -225,7 +225,7 @@ TEST_CASE("KV-cache decoding equals running the whole sequence at once", "[atten
       CHECK(max_rel(stepped, full) < 1e-12);
       CHECK(max_rel(dense_stepped, full) < 1e-12);
       // K'/V' are cached per key/value group, or per query head when asked.
-      CHECK(cache.keys().cols() == (windows == Windows::per_head ? s.n_q : s.n_kv) * s.head_dim);
+      CHECK(cache.keys().cols() == (windows == Windows::PerHead ? s.n_q : s.n_kv) * s.head_dim);
       // Rolling back the last three tokens and decoding them again gives the same outputs.
       cache.truncate(8);
       CHECK(max_rel(bda.decode(x.bottomRows(3), cache), full.bottomRows(3)) < 1e-12);

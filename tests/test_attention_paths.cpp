@@ -78,7 +78,7 @@ void check_paths(const Layer& layer, const LayerSpec& s, const MatrixXf& x, cons
   if (!s.d_model_kv) return;
   // MLA: chunked prefill in chunks of 1, 3, 7 and the rest, by each path; then absorbed decoding
   // token by token.
-  for (const PrefillPath path : {PrefillPath::recompute, PrefillPath::absorbed, PrefillPath::automatic}) {
+  for (const PrefillPath path : {PrefillPath::Recompute, PrefillPath::Absorbed, PrefillPath::Automatic}) {
     bd::nn::LatentCache<float> cache;
     MatrixXf out(L, expected.cols());
     Index done = 0;
@@ -149,9 +149,9 @@ TEST_CASE("chunked MLA prefill: the cost model recomputes long chunks and absorb
   // costs every context token's K/V. A decoded token over a long context absorbs; a chunk as long
   // as its context recomputes.
   const auto one = layer.plan_chunk(1, 4096), whole = layer.plan_chunk(512, 512);
-  CHECK(one.path == PrefillPath::absorbed);
+  CHECK(one.path == PrefillPath::Absorbed);
   CHECK(one.absorbed_flops < one.recompute_flops);
-  CHECK(whole.path == PrefillPath::recompute);
+  CHECK(whole.path == PrefillPath::Recompute);
   CHECK(whole.recompute_flops < whole.absorbed_flops);
   const auto bd = BDAttention<double>::prepare(layer, allow(Mode::QKVO));
   // BD makes the K/V up-projection cheaper: recomputing wins at shorter chunks than dense.
@@ -183,8 +183,8 @@ TEST_CASE("MLA prefill recomputes K/V block by block over a context longer than 
     bd::nn::LatentCache<float> cache;
     MatrixXf out(1210, expected.cols());
     const auto run = [&](Index from, Index n) {
-      out.middleRows(from, n) = use_bd ? bd.prefill(xf.middleRows(from, n), cache, PrefillPath::recompute)
-                                       : dense.prefill(xf.middleRows(from, n), cache, PrefillPath::recompute);
+      out.middleRows(from, n) = use_bd ? bd.prefill(xf.middleRows(from, n), cache, PrefillPath::Recompute)
+                                       : dense.prefill(xf.middleRows(from, n), cache, PrefillPath::Recompute);
     };
     run(0, 1150);
     run(1150, 60);

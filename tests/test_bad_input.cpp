@@ -253,7 +253,7 @@ TEST_CASE("storage types are parsed by name and dispatched to their scalar type"
     const bd::Storage round_trip = bd::dispatch(s, [](auto tag) { return bd::storage_of<typename decltype(tag)::type>(); });
     CHECK(round_trip == s);
   }
-  CHECK(bd::dispatch(bd::Storage::bf16, [](auto tag) { return sizeof(typename decltype(tag)::type); }) == 2);
+  CHECK(bd::dispatch(bd::Storage::BF16, [](auto tag) { return sizeof(typename decltype(tag)::type); }) == 2);
   BD_CHECK_THROWS_CONTAINING(bd::parse_storage("fp16"), bd::RangeError,
                              Contains("unknown storage type 'fp16': expected f64, f32, f16 or bf16"));
 }

@@ -197,7 +197,7 @@ TEST_CASE("format v1's record: the options bd-convert was given are read back fr
   bd::io::ConvertOptions o;
   o.arch = bd::io::Arch::DeepSeekV2;
   o.mode = bd::nn::Mode::QKVO;
-  o.storage = bd::Storage::bf16;
+  o.storage = bd::Storage::BF16;
   o.decomposition.basis = Basis::Pivoted;
   o.decomposition.align = 32;
   o.force = true;
@@ -210,7 +210,7 @@ TEST_CASE("format v1's record: the options bd-convert was given are read back fr
   CHECK(meta.at("bd.force") == "true");
   const bd::io::ConvertOptions back = bd::io::format::options_from(meta, "test");
   CHECK(nlohmann::json(back) == nlohmann::json(o));
-  CHECK(back.storage == bd::Storage::bf16);
+  CHECK(back.storage == bd::Storage::BF16);
   CHECK(back.decomposition.align == 32);
   CHECK(back.latent_window_last);
   // The same record in config.json's "bd" object reads back alike.
@@ -247,7 +247,7 @@ TEST_CASE("a conversion stored in f64 reads back as it was prepared", "[convert]
   bd::io::convert_checkpoint(folder.dir.string(), out, options(bd::nn::Mode::QKVO, "f64"));
   const auto st = SafeTensors::open(out);
   CHECK(st.info("h.0.attn.bd_vo.basis").dtype == bd::io::DType::F64);
-  CHECK(bd::io::format::options_from(st.metadata(), out).storage == bd::Storage::f64);
+  CHECK(bd::io::format::options_from(st.metadata(), out).storage == bd::Storage::F64);
   const Eigen::MatrixXd X = bd_test::gaussian(5, kD, 77);
   const Eigen::MatrixXd y = forward_from_file(st, "h.0.attn", X, /*causal=*/true);
   CHECK(bd_test::max_rel(y, folder.layers[0].forward(X)) <= 1e-9);  // double storage: preparation's error alone

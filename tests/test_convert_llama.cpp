@@ -88,14 +88,14 @@ TEST_CASE("stories260K --mode vo: products rebuilt from the file meet the core b
   // A window per query head, forced past the cost model: 8 heads of V', with its warning.
   const std::string out = (tmp / "per_head.safetensors").string();
   auto per_head = llama_vo("f32");
-  per_head.windows = bd::nn::Windows::per_head;
+  per_head.windows = bd::nn::Windows::PerHead;
   per_head.force = true;
   const auto report = bd::io::convert_checkpoint(dir, out, per_head);
   REQUIRE_FALSE(report.layers.front().warnings.empty());
   CHECK_THAT(report.layers.front().warnings.front(), Contains("K'/V' need 8 heads instead of 4"));
   CHECK(rebuilt_nmse(dir, out) <= 2e-14);
   const auto st = bd::io::SafeTensors::open(out);
-  CHECK(bd::io::format::options_from(st.metadata(), out).windows == bd::nn::Windows::per_head);  // recorded
+  CHECK(bd::io::format::options_from(st.metadata(), out).windows == bd::nn::Windows::PerHead);  // recorded
   CHECK(st.info("model.layers.4.self_attn.bd_vo.indices").shape == std::vector<std::int64_t>{8, 8});
   fs::remove_all(tmp);
 }
@@ -108,7 +108,7 @@ TEST_CASE("stories260K: QK is refused under RoPE, VO per query head without --fo
   qk.force = false;
   BD_CHECK_THROWS_CONTAINING(bd::io::convert_checkpoint(dir, out, qk), bd::RefusedError, Contains("RoPE"));
   auto vo = llama_vo("f32");
-  vo.windows = bd::nn::Windows::per_head;
+  vo.windows = bd::nn::Windows::PerHead;
   BD_CHECK_THROWS_CONTAINING(bd::io::convert_checkpoint(dir, out, vo), bd::RefusedError,
                              Contains("model.layers.0.self_attn") && Contains("cost model"));
   CHECK_FALSE(fs::exists(out));
@@ -138,11 +138,11 @@ TEST_CASE("stories260K converted to a folder loads back with the in-memory BD mo
   // Windows per query head (forced): read back as such, the same logits as in memory.
   fs::remove_all(out);
   auto o = llama_vo("f32");
-  o.windows = bd::nn::Windows::per_head;
+  o.windows = bd::nn::Windows::PerHead;
   o.force = true;
   bd::io::convert_checkpoint(dir, out.string(), o);
   const auto read = bd::io::load_bd_llama<float>(out.string());
-  CHECK(read.layers.front().attention.windows() == bd::nn::Windows::per_head);
+  CHECK(read.layers.front().attention.windows() == bd::nn::Windows::PerHead);
   bd::nn::BDAttentionOptions bo;
   bo.mode = o.mode;
   bo.decomposition = o.decomposition;

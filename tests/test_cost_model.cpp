@@ -44,13 +44,13 @@ TEST_CASE("GQA: windows per key/value group keep the dense cache and cost less; 
           "[cost][gqa]") {
   // stories260K's shape: d = 64, 8 query heads on 4 key/value heads, d_h = 8.
   const auto group = bd::nn::attention_cost(shape(8, 4, 64, 8), Mode::VO);
-  CHECK(group.windows == Windows::per_group);
+  CHECK(group.windows == Windows::PerGroup);
   CHECK(group.dense.v_flops == 4.0 * 8 * 127);  // 4 heads × 8 outputs × (2·64 − 1)
   CHECK(group.bd.v_flops == 4.0 * 8 * 112);     // 4 heads of V' × 8 outputs × 2·(64 − 8)
   CHECK(group.bd.cache_elements == group.dense.cache_elements);
   CHECK(group.dense.parameters - group.bd.parameters == 4.0 * 8 * 8);  // C is (64 − 8) × 4·8 where Wv was 64 × 4·8
   CHECK(group.worthwhile());
-  const auto cost = bd::nn::attention_cost(shape(8, 4, 64, 8), Mode::VO, Windows::per_head);
+  const auto cost = bd::nn::attention_cost(shape(8, 4, 64, 8), Mode::VO, Windows::PerHead);
   CHECK(cost.dense.v_flops == 4.0 * 8 * 127);
   CHECK(cost.bd.v_flops == 8.0 * 8 * 112);  // 8 heads × 8 outputs × 2·(64 − 8)
   CHECK(cost.slower());
@@ -59,7 +59,7 @@ TEST_CASE("GQA: windows per key/value group keep the dense cache and cost less; 
   CHECK(cost.larger_cache());
   CHECK_FALSE(cost.worthwhile());
   // Break-even per query head: slower when n_q/n_kv > (2d − 1)/(2(d − d_h)) = 127/112 ≈ 1.13.
-  CHECK_FALSE(bd::nn::attention_cost(shape(8, 8, 64, 8), Mode::VO, Windows::per_head).slower());
+  CHECK_FALSE(bd::nn::attention_cost(shape(8, 8, 64, 8), Mode::VO, Windows::PerHead).slower());
 
   bd_test::LayerSpec s;
   s.d_q = s.d_kv = s.d_out = 64;
@@ -67,7 +67,7 @@ TEST_CASE("GQA: windows per key/value group keep the dense cache and cost less; 
   s.n_kv = 4;
   const auto dense = bd_test::random_attention(s, 1);
   CHECK(BDAttention<float>::prepare(dense, BDAttentionOptions{}.with_mode(Mode::VO)).warnings().empty());
-  const auto per_head = BDAttentionOptions{}.with_mode(Mode::VO).with_windows(Windows::per_head);
+  const auto per_head = BDAttentionOptions{}.with_mode(Mode::VO).with_windows(Windows::PerHead);
   BD_CHECK_THROWS_CONTAINING(BDAttention<float>::prepare(dense, per_head), bd::RefusedError,
                              Contains("refused by the cost model") && Contains("n_q/n_kv = 2") && Contains("KV cache") &&
                                  Contains("slower") && Contains("per_group"));
@@ -140,4 +140,24 @@ TEST_CASE("MLA layers with a query LoRA are prepared, not refused, and cost as c
   CHECK(m.decode_bd < m.decode_dense);
   CHECK(m.prefill_bd < m.prefill_dense);
   CHECK(bd.parameters() > 0);
+}
+
+TEST_CASE("bd 0.1's enumerator spellings still name the same values, and the words users type are unchanged", "[names]") {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  CHECK(Windows::per_group == Windows::PerGroup);
+  CHECK(Windows::per_head == Windows::PerHead);
+  CHECK(bd::nn::PrefillPath::automatic == bd::nn::PrefillPath::Automatic);
+  CHECK(bd::nn::PrefillPath::absorbed == bd::nn::PrefillPath::Absorbed);
+  CHECK(bd::nn::RopeType::llama3 == bd::nn::RopeType::Llama3);
+  CHECK(bd::Storage::f16 == bd::Storage::F16);
+  CHECK(bd::Storage::bf16 == bd::Storage::BF16);
+  CHECK(bd::kernel::Isa::avx512 == bd::kernel::Isa::AVX512);
+  CHECK(bd::kernel::Isa::portable == bd::kernel::Isa::Portable);
+#pragma GCC diagnostic pop
+  CHECK(std::string(to_string(Windows::PerGroup)) == "per-group");
+  CHECK(bd::nn::parse_windows("per-head") == Windows::PerHead);
+  CHECK(std::string(to_string(bd::nn::PrefillPath::Recompute)) == "recompute");
+  CHECK(std::string(bd::to_string(bd::Storage::BF16)) == "bf16");
+  CHECK(std::string(bd::kernel::to_string(bd::kernel::Isa::AVX2)) == "avx2");
 }

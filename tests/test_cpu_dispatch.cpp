@@ -41,9 +41,9 @@ TEST_CASE("kernel dispatch: the default is the widest instruction set this CPU h
   const bool avx2 = has("avx2") && has("fma");
   const bool avx512 = avx2 && has("avx512f") && has("avx512bw") && has("avx512dq") && has("avx512vl");
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  const Isa expected = avx512 ? Isa::avx512 : avx2 ? Isa::avx2 : Isa::portable;
+  const Isa expected = avx512 ? Isa::AVX512 : avx2 ? Isa::AVX2 : Isa::Portable;
 #else
-  const Isa expected = Isa::portable;
+  const Isa expected = Isa::Portable;
 #endif
   INFO("/proc/cpuinfo: avx2+fma " << avx2 << ", avx512 f/bw/dq/vl " << avx512 << "; bd runs " << bd::kernel::cpu_isas());
   CHECK(bd::kernel::best_isa() == expected);
@@ -55,10 +55,10 @@ TEST_CASE("kernel dispatch: the default is the widest instruction set this CPU h
 }
 
 TEST_CASE("kernel dispatch: BD_CPU names a path; unknown or unavailable ones are refused", "[kernel][cpu]") {
-  CHECK(bd::kernel::parse_isa("portable", "BD_CPU") == Isa::portable);
+  CHECK(bd::kernel::parse_isa("portable", "BD_CPU") == Isa::Portable);
   BD_CHECK_THROWS_CONTAINING(bd::kernel::parse_isa("sse9", "BD_CPU"), bd::RangeError,
                              Contains("BD_CPU is 'sse9': expected portable, avx2 or avx512"));
-  for (Isa isa : {Isa::avx2, Isa::avx512}) {
+  for (Isa isa : {Isa::AVX2, Isa::AVX512}) {
     if (bd::kernel::cpu_has(isa)) {
       CHECK(bd::kernel::parse_isa(bd::kernel::to_string(isa), "BD_CPU") == isa);
     } else {

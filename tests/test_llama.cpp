@@ -116,7 +116,7 @@ TEST_CASE("LLaMA: QK is refused under RoPE; VO per key/value group is prepared, 
   const auto grouped = r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::VO));
   CHECK(grouped.layers.front().attention.vo_indices().heads() == 4);
   BD_CHECK_THROWS_CONTAINING(
-      r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::VO).with_windows(bd::nn::Windows::per_head)),
+      r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::VO).with_windows(bd::nn::Windows::PerHead)),
       bd::RefusedError, Contains("cost model") && Contains("n_q/n_kv = 2"));
 }
 

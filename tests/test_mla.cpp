@@ -47,7 +47,7 @@ TEST_CASE("MLA dense: absorbed decoding = prefill over the latent cache = the wh
     Eigen::MatrixXd y_abs(9, 40), y_pre(9, 40);
     for (Eigen::Index t = 0; t < 9; ++t) {  // one token at a time
       y_abs.row(t) = layer.decode_absorbed(x.row(t), absorbed);
-      y_pre.row(t) = layer.prefill(x.row(t), prefilled, bd::nn::PrefillPath::recompute);
+      y_pre.row(t) = layer.prefill(x.row(t), prefilled, bd::nn::PrefillPath::Recompute);
     }
     CHECK(absorbed.length() == 9);
     CHECK(absorbed.latent_dim() == 32);
@@ -71,8 +71,8 @@ TEST_CASE("MLA BD: prefill by Algorithm 2 and absorbed decoding equal the dense 
         // Chunked prefill: 3 tokens, then 4 against the cached latent, then absorbed decoding.
         bd::nn::LatentCache<double> cache;
         Eigen::MatrixXd out(8, 40);
-        out.topRows(3) = bd.prefill(x.topRows(3), cache, bd::nn::PrefillPath::recompute);
-        out.middleRows(3, 4) = bd.prefill(x.middleRows(3, 4), cache, bd::nn::PrefillPath::recompute);
+        out.topRows(3) = bd.prefill(x.topRows(3), cache, bd::nn::PrefillPath::Recompute);
+        out.middleRows(3, 4) = bd.prefill(x.middleRows(3, 4), cache, bd::nn::PrefillPath::Recompute);
         out.row(7) = bd.decode_absorbed(x.row(7), cache);
         CHECK(max_rel(out, y) <= kDoubleBound);
         // Several tokens decoded absorbed at once (speculative decoding's verification step).

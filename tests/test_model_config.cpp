@@ -351,11 +351,11 @@ TEST_CASE("RoPE tables equal the published formulas for every scheme, at large p
     VectorXd expected;
   };
   RopeScaling linear, dynamic, llama3, yarn;
-  linear.type = RopeType::linear, linear.factor = 4;
-  dynamic.type = RopeType::dynamic, dynamic.factor = 2, dynamic.original_context = 2048;
-  llama3.type = RopeType::llama3, llama3.factor = 8, llama3.low_freq_factor = 1, llama3.high_freq_factor = 4;
+  linear.type = RopeType::Linear, linear.factor = 4;
+  dynamic.type = RopeType::Dynamic, dynamic.factor = 2, dynamic.original_context = 2048;
+  llama3.type = RopeType::Llama3, llama3.factor = 8, llama3.low_freq_factor = 1, llama3.high_freq_factor = 4;
   llama3.original_context = 8192;
-  yarn.type = RopeType::yarn, yarn.factor = 40, yarn.original_context = 4096;  // DeepSeek-V2-Lite's
+  yarn.type = RopeType::Yarn, yarn.factor = 40, yarn.original_context = 4096;  // DeepSeek-V2-Lite's
   const double dyn_base = 10000 * std::pow(2.0 * 5000 / 2048 - 1, 128.0 / 126.0);
   const std::vector<Case> cases = {
       {"default", RopeScaling{}, 128, 100, 10000, plain_inv_freq(128, 10000)},
@@ -411,7 +411,7 @@ TEST_CASE("DeepSeek-V2-Lite and V3 layers (interleaved RoPE, YaRN, query LoRA) e
     CHECK(bd_test::max_rel(dense[0].forward(x), reference) < 1e-12);
     CHECK(bd_test::max_rel(bd_layer.forward(x), reference) < 1e-12);
     const MatrixXd tail = reference.bottomRows(L - context);
-    for (const auto path : {bd::nn::PrefillPath::recompute, bd::nn::PrefillPath::absorbed}) {
+    for (const auto path : {bd::nn::PrefillPath::Recompute, bd::nn::PrefillPath::Absorbed}) {
       bd::nn::LatentCache<double> cache, bd_cache;
       dense[0].prefill(x.topRows(context), cache, path);
       bd_layer.prefill(x.topRows(context), bd_cache, path);

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include <bd/nn/synthetic_deepseek.hpp>
+#include "synthetic_deepseek.hpp"  // demo data (examples/)
 
 namespace {
 
@@ -99,7 +99,7 @@ private:
 /// The built-in default: a synthetic DeepSeek-V2-Lite attention stack (MLA with decoupled RoPE),
 /// converted to BD (qkvo) in memory and verified against the dense layers.
 int demo(int layers) {
-  using S = bd::synthetic::DeepSeekV2Lite;
+  using S = synthetic::DeepSeekV2Lite;
   const int rope = 64;
   std::printf("bd-convert --demo: synthetic DeepSeek-V2-Lite attention, %d layers x %d heads, hidden %d, latent %d,\n"
               "qk_nope %d, qk_rope %d, v %d; BD qkvo (auto basis), stored in f16, verified against the dense layer\n\n",
@@ -109,14 +109,14 @@ int demo(int layers) {
   double worst = 0;
   bd::Workspace ws;  // preparation's scratch, reused by every layer
   for (int l = 0; l < layers; ++l) {
-    const auto f = bd::synthetic::synthetic_layer(static_cast<unsigned>(l));
+    const auto f = synthetic::synthetic_layer(static_cast<unsigned>(l));
     bd::nn::AttentionConfig c;
     c.n_q = c.n_kv = S::heads;
     c.head_dim = c.v_head_dim = S::head_dim;
     c.rope_dim = rope;
     c.causal = true;
     bd::nn::AttentionWeights<float> w;
-    w.W_dkv = bd::synthetic::gaussian(S::hidden, S::latent, 1.0f / std::sqrt(float(S::hidden)), rng);
+    w.W_dkv = synthetic::gaussian(S::hidden, S::latent, 1.0f / std::sqrt(float(S::hidden)), rng);
     w.kv_norm = Eigen::VectorXf::Ones(S::latent);
     w.Wq.resize(S::hidden, S::heads * S::head_dim);
     w.Wk.resize(S::latent, S::heads * S::head_dim);
@@ -128,13 +128,13 @@ int demo(int layers) {
       w.Wv.middleCols(h * S::head_dim, S::head_dim) = f.uv[std::size_t(h)];
       w.Wo.middleRows(h * S::head_dim, S::head_dim) = f.o[std::size_t(h)].transpose();
     }
-    w.Wq_rope = bd::synthetic::gaussian(S::hidden, S::heads * rope, 1.0f / std::sqrt(float(S::hidden)), rng);
-    w.Wk_rope = bd::synthetic::gaussian(S::hidden, rope, 1.0f / std::sqrt(float(S::hidden)), rng);
+    w.Wq_rope = synthetic::gaussian(S::hidden, S::heads * rope, 1.0f / std::sqrt(float(S::hidden)), rng);
+    w.Wk_rope = synthetic::gaussian(S::hidden, rope, 1.0f / std::sqrt(float(S::hidden)), rng);
     const bd::nn::MultiHeadAttention<float> dense(c, w);
     const auto start = std::chrono::steady_clock::now();
     const auto bda = bd::nn::BDAttention<Eigen::half>::prepare(dense, bd::nn::BDAttentionOptions{}.with_mode(bd::nn::Mode::QKVO), ws);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const Eigen::MatrixXf x = bd::synthetic::gaussian(16, S::hidden, 1.0f, rng);
+    const Eigen::MatrixXf x = synthetic::gaussian(16, S::hidden, 1.0f, rng);
     const Eigen::MatrixXf y = dense.forward(x), y_bd = bda.forward(x);
     const double err = (y_bd - y).cwiseAbs().maxCoeff() / y.cwiseAbs().maxCoeff();
     worst = std::max(worst, err);
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   bd::io::ConvertOptions opts;
   std::string input, output, report_path;
   bool have_arch = false, have_mode = false, run_demo = false, quiet = false;
-  int demo_layers = bd::synthetic::DeepSeekV2Lite::layers;
+  int demo_layers = synthetic::DeepSeekV2Lite::layers;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -194,7 +194,7 @@ int main(int argc, char** argv) {
       else throw UsageError("unexpected argument " + a);
     }
     if (run_demo) {
-      if (demo_layers < 1 || demo_layers > bd::synthetic::DeepSeekV2Lite::layers) throw UsageError("--layers must be 1..27");
+      if (demo_layers < 1 || demo_layers > synthetic::DeepSeekV2Lite::layers) throw UsageError("--layers must be 1..27");
     } else {
       if (!have_arch || !have_mode) throw UsageError("--arch and --mode are required");
       if (input.empty() || output.empty()) throw UsageError("INPUT and OUTPUT are required");

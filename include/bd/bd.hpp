@@ -1,4 +1,7 @@
-// bd/bd.hpp — umbrella header: everything bd offers on the CPU.
+// bd/bd.hpp — the decomposition: decompose_product / decompose_shared, the Decomposition they
+// return, Options, the storage types, the exceptions and the Workspace. The layers built on it
+// are included by name (bd/nn/bd_attention.hpp, bd/nn/bd_linear.hpp, …), as are checkpoints
+// (bd/io/…) and training (bd/train/…): a program that decomposes a matrix compiles none of them.
 //
 // Basis Decomposition: a rank-r product W = U·Vᵀ is r of its rows (the basis B) and the
 // coefficients C that rebuild the others, W = P·[I; C]·B. Stored that way it costs

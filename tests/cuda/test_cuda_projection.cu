@@ -165,7 +165,7 @@ void suite(cublasHandle_t handle, cublasLtHandle_t lt_handle, void* workspace, s
   bd::cuda::BDProjection<T> kernel;
   bd::cuda::CublasBDProjection<T> cublas(handle);
   bd::cuda::CublasLtBDProjection<T> cublaslt(lt_handle, workspace, workspace_bytes);
-  bd::cuda::CublasLtBDProjection<T> cublaslt_pieces(lt_handle, workspace, workspace_bytes, bd::cuda::Pieces::in_place);
+  bd::cuda::CublasLtBDProjection<T> cublaslt_pieces(lt_handle, workspace, workspace_bytes, bd::cuda::Pieces::InPlace);
   const auto all = [&](int L, int d, int dh, int n, int o, unsigned seed) {
     check<T>("kernel", kernel, stream, L, d, dh, n, o, seed, Rounding::once);
     check<T>("cublas", cublas, stream, L, d, dh, n, o, seed + 1, Rounding::in_place);

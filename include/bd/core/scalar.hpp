@@ -54,25 +54,32 @@ inline constexpr bool is_supported_scalar_v =
 
 /// A storage type chosen at run time (a command's --dtype, a checkpoint's record): one of the four
 /// scalar types above. `dispatch` turns it back into a type.
-enum class Storage { f64, f32, f16, bf16 };
+enum class Storage {
+  F64, F32, F16, BF16,
+  // bd 0.1's spellings, kept for one release:
+  f64 [[deprecated("spelled Storage::F64 since bd 0.2")]] = F64,
+  f32 [[deprecated("spelled Storage::F32 since bd 0.2")]] = F32,
+  f16 [[deprecated("spelled Storage::F16 since bd 0.2")]] = F16,
+  bf16 [[deprecated("spelled Storage::BF16 since bd 0.2")]] = BF16,
+};
 
-inline constexpr Storage all_storages[] = {Storage::f64, Storage::f32, Storage::f16, Storage::bf16};
+inline constexpr Storage all_storages[] = {Storage::F64, Storage::F32, Storage::F16, Storage::BF16};
 
 template <typename Scalar>
 constexpr Storage storage_of() {
   static_assert(is_supported_scalar_v<Scalar>, "bd supports double, float, Eigen::half and Eigen::bfloat16");
-  if constexpr (std::is_same_v<Scalar, double>) return Storage::f64;
-  else if constexpr (std::is_same_v<Scalar, float>) return Storage::f32;
-  else if constexpr (std::is_same_v<Scalar, Eigen::half>) return Storage::f16;
-  else return Storage::bf16;
+  if constexpr (std::is_same_v<Scalar, double>) return Storage::F64;
+  else if constexpr (std::is_same_v<Scalar, float>) return Storage::F32;
+  else if constexpr (std::is_same_v<Scalar, Eigen::half>) return Storage::F16;
+  else return Storage::BF16;
 }
 
 inline const char* to_string(Storage s) {
   switch (s) {
-    case Storage::f64: return scalar_traits<double>::name;
-    case Storage::f32: return scalar_traits<float>::name;
-    case Storage::f16: return scalar_traits<Eigen::half>::name;
-    case Storage::bf16: return scalar_traits<Eigen::bfloat16>::name;
+    case Storage::F64: return scalar_traits<double>::name;
+    case Storage::F32: return scalar_traits<float>::name;
+    case Storage::F16: return scalar_traits<Eigen::half>::name;
+    case Storage::BF16: return scalar_traits<Eigen::bfloat16>::name;
   }
   return "?";
 }
@@ -94,10 +101,10 @@ struct type_tag {
 template <typename F>
 decltype(auto) dispatch(Storage s, F&& f) {
   switch (s) {
-    case Storage::f64: return f(type_tag<double>{});
-    case Storage::f32: return f(type_tag<float>{});
-    case Storage::f16: return f(type_tag<Eigen::half>{});
-    case Storage::bf16: break;
+    case Storage::F64: return f(type_tag<double>{});
+    case Storage::F32: return f(type_tag<float>{});
+    case Storage::F16: return f(type_tag<Eigen::half>{});
+    case Storage::BF16: break;
   }
   return f(type_tag<Eigen::bfloat16>{});
 }

@@ -8,10 +8,10 @@
 // + windowᵀ (d_h × L, ld d, batch stride 0). C and D are separate descriptors in cublasLtMatmul,
 // so the window can be C with its own leading dimension and a zero batch stride.
 //
-// When the window sits in the middle of X, the rest is two pieces of X. Pieces::gathered (the
+// When the window sits in the middle of X, the rest is two pieces of X. Pieces::Gathered (the
 // default) first copies them into one contiguous L × (d − d_h) buffer that the object owns (one
 // small kernel; L·d elements read against the L·n·d_h it writes) and makes one call: K' written
-// once and rounded once. Pieces::in_place makes one call per piece, the second accumulating into
+// once and rounded once. Pieces::InPlace makes one call per piece, the second accumulating into
 // K' (C = D): K' crosses memory three times and is rounded twice; it is kept to measure against.
 //
 // Whether cuBLASLt's heuristics return an algorithm for a stride-0 C whose layout differs from D's
@@ -37,8 +37,11 @@ namespace bd::cuda {
 
 /// How the cuBLASLt path treats a rest in two pieces (a window in the middle of X).
 enum class Pieces {
-  gathered,  ///< copy both pieces into one buffer, one GEMM: K' written and rounded once
-  in_place   ///< one GEMM per piece, the second accumulating into K'
+  Gathered,  ///< copy both pieces into one buffer, one GEMM: K' written and rounded once
+  InPlace,   ///< one GEMM per piece, the second accumulating into K'
+  // bd 0.1's spellings, kept for one release:
+  gathered [[deprecated("spelled Pieces::Gathered since bd 0.2")]] = Gathered,
+  in_place [[deprecated("spelled Pieces::InPlace since bd 0.2")]] = InPlace,
 };
 
 template <typename T>
@@ -48,7 +51,7 @@ public:
 
   /// `handle` and `workspace` (device memory, may be null with 0 bytes) are borrowed. cuBLASLt
   /// offers more algorithms with a workspace; NVIDIA suggests 32 MiB on Hopper.
-  CublasLtBDProjection(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, Pieces pieces = Pieces::gathered)
+  CublasLtBDProjection(cublasLtHandle_t handle, void* workspace, std::size_t workspace_bytes, Pieces pieces = Pieces::Gathered)
       : handle_(handle), workspace_(workspace), workspace_bytes_(workspace_bytes), mode_(pieces), device_(DeviceInfo::current()) {}
 
   static Status check(const Arguments& a) { return detail::check_arguments(a, "CublasLtBDProjection"); }
@@ -77,7 +80,7 @@ public:
       int k, coeff_row, channel;
     };
     std::vector<Piece> pieces;
-    gather_ = mode_ == Pieces::gathered && o > 0 && right > 0;
+    gather_ = mode_ == Pieces::Gathered && o > 0 && right > 0;
     rest_.reset();
     if (gather_) {
       // One piece: the gathered rest (channel −1: read from the buffer, ld d − d_h).

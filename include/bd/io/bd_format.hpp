@@ -33,7 +33,7 @@
 #include "bd/core/options.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/io/arch.hpp"
-#include "bd/nn/cost_model.hpp"
+#include "bd/nn/bd_mode.hpp"
 
 namespace bd::io {
 
@@ -41,10 +41,10 @@ namespace bd::io {
 struct ConvertOptions {
   Arch arch = Arch::LLaMA;
   nn::Mode mode = nn::Mode::VO;
-  Storage storage = Storage::f32;  ///< the type of the written BD tensors
+  Storage storage = Storage::F32;  ///< the type of the written BD tensors
   bd::Options decomposition{};     ///< recorded: basis and align
   bool force = false;              ///< accept QK under RoPE and modes the cost model advises against
-  nn::Windows windows = nn::Windows::per_group;  ///< GQA: windows per key/value group or per query head
+  nn::Windows windows = nn::Windows::PerGroup;  ///< GQA: windows per key/value group or per query head
   /// deepseek-v2, mode qkvo: reorder each layer's latent channels so the QK window is last
   /// (nn/latent_permutation.hpp; K' is then one GEMM call on a GPU). kv_a_proj_with_mqa's latent
   /// rows and kv_a_layernorm are written reordered; shared-window bases only (not pivoted).
@@ -74,7 +74,7 @@ void from_json(const Json& j, ConvertOptions& o) {
   if (j.contains("align")) o.decomposition.align = j.at("align").template get<Index>();
   if (j.contains("force")) o.force = j.at("force").template get<bool>();
   // Records before bd.windows existed were converted per query head.
-  o.windows = j.contains("windows") ? nn::parse_windows(j.at("windows").template get<std::string>()) : nn::Windows::per_head;
+  o.windows = j.contains("windows") ? nn::parse_windows(j.at("windows").template get<std::string>()) : nn::Windows::PerHead;
   if (j.contains("latent_window_last")) o.latent_window_last = j.at("latent_window_last").template get<bool>();
 }
 
@@ -84,7 +84,7 @@ inline constexpr const char* version = "1";
 inline constexpr const char* version_key = "bd.format";
 
 /// The two products a layer's attention holds, each stored as one family of tensors.
-enum class Family { QK, VO };
+using Family = nn::Family;
 
 struct TensorNames {
   std::string basis, coeff, indices, bias;

@@ -193,7 +193,7 @@ BD_DEFERRED LayerPlan plan_layer(const ModelFolder& m, const AttentionLayout& a,
   const DType dt = dtype_of(opts.storage);
   const bool qk = nn::has_qk(opts.mode), vo = nn::has_vo(opts.mode);
   const std::int64_t n = a.config.n_q, dh = a.config.head_dim, dv = a.config.value_dim();
-  const std::int64_t h = opts.windows == nn::Windows::per_group ? a.config.n_kv : n;  // heads of K' and V'
+  const std::int64_t h = opts.windows == nn::Windows::PerGroup ? a.config.n_kv : n;  // heads of K' and V'
   const std::string& P = a.prefix;
   if (qk) {  // in the order convert_layer writes them
     const format::TensorNames t = format::tensor_names(P, format::Family::QK);

@@ -79,10 +79,10 @@ inline nn::RopeScaling rope_scheme(const nlohmann::json& j, const std::string& t
   if (type == "default") return s;
   const std::string at = where + " rope_scaling";
   const nlohmann::json& r = j.at("rope_scaling");
-  if (type == "linear") s.type = nn::RopeType::linear;
-  else if (type == "dynamic") s.type = nn::RopeType::dynamic;
-  else if (type == "llama3") s.type = nn::RopeType::llama3;
-  else if (type == "yarn") s.type = nn::RopeType::yarn;
+  if (type == "linear") s.type = nn::RopeType::Linear;
+  else if (type == "dynamic") s.type = nn::RopeType::Dynamic;
+  else if (type == "llama3") s.type = nn::RopeType::Llama3;
+  else if (type == "yarn") s.type = nn::RopeType::Yarn;
   else refuse(where, "rope_scaling.rope_type", type, "bd implements default, linear, dynamic, llama3 and yarn");
   s.factor = config_number(r, "factor", 0, at);
   if (!(s.factor > 0)) throw FormatError(message(at, ": '", type, "' needs a positive factor"));
@@ -100,17 +100,17 @@ inline nn::RopeScaling rope_scheme(const nlohmann::json& j, const std::string& t
 inline nn::RopeScaling llama_rope_scaling(const nlohmann::json& j, const std::string& where) {
   const std::string type = detail::rope_type_name(j, where);
   nn::RopeScaling s = detail::rope_scheme(j, type, where);
-  if (s.type == nn::RopeType::standard) return s;
+  if (s.type == nn::RopeType::Standard) return s;
   const nlohmann::json& r = j.at("rope_scaling");
   const std::string at = where + " rope_scaling";
   const double max_positions = config_number(j, "max_position_embeddings", 0, where);
-  if (s.type == nn::RopeType::dynamic) s.original_context = max_positions;
-  if (s.type == nn::RopeType::llama3) {
+  if (s.type == nn::RopeType::Dynamic) s.original_context = max_positions;
+  if (s.type == nn::RopeType::Llama3) {
     if (!r.contains("original_max_position_embeddings"))
       throw FormatError(bd::detail::message(at, ": llama3 needs original_max_position_embeddings"));
     s.original_context = config_number(r, "original_max_position_embeddings", 0, at);
   }
-  if (s.type == nn::RopeType::yarn) {
+  if (s.type == nn::RopeType::Yarn) {
     s.original_context = config_number(r, "original_max_position_embeddings", max_positions, at);
     const double mscale = config_number(r, "mscale", 0, at), mscale_all = config_number(r, "mscale_all_dim", 0, at);
     s.attention_factor = config_number(
@@ -193,13 +193,13 @@ inline DeepSeekConfig deepseek_config(const nlohmann::json& j, const std::string
   const std::string type = detail::rope_type_name(j, where);
   if (type == "llama3") detail::refuse(where, "rope_scaling.type", type, "DeepSeek's code implements linear, dynamic and yarn");
   c.rope_scaling = detail::rope_scheme(j, type, where);
-  if (c.rope_scaling.type != nn::RopeType::standard) {
+  if (c.rope_scaling.type != nn::RopeType::Standard) {
     const nlohmann::json& r = j.at("rope_scaling");
     const std::string at = where + " rope_scaling";
     const double factor = c.rope_scaling.factor;
-    if (c.rope_scaling.type == nn::RopeType::dynamic)
+    if (c.rope_scaling.type == nn::RopeType::Dynamic)
       c.rope_scaling.original_context = config_number(j, "max_position_embeddings", 0, where);
-    if (c.rope_scaling.type == nn::RopeType::yarn) {
+    if (c.rope_scaling.type == nn::RopeType::Yarn) {
       c.rope_scaling.original_context = config_number(r, "original_max_position_embeddings", 4096, at);
       c.rope_scaling.truncate = true;
       const double mscale = config_number(r, "mscale", 1, at), mscale_all = config_number(r, "mscale_all_dim", 0, at);

@@ -281,8 +281,8 @@ void round_into(const In* in, Index n, Scalar* out) {
   static_assert(std::is_same_v<In, double> || std::is_same_v<In, float>, "round_into: double or float input");
 #ifdef BD_KERNEL_X86
   const Isa isa = active_isa();
-  if (isa == Isa::avx512) return detail::round_avx512(in, n, out);
-  if (isa == Isa::avx2) return detail::round_avx2(in, n, out);
+  if (isa == Isa::AVX512) return detail::round_avx512(in, n, out);
+  if (isa == Isa::AVX2) return detail::round_avx2(in, n, out);
 #endif
   detail::round_portable(in, n, out);
 }
@@ -294,8 +294,8 @@ void widen_into(const Scalar* in, Index n, Out* out) {
   static_assert(sizeof(Scalar) <= sizeof(Out), "widen_into: Out must hold every Scalar value");
 #ifdef BD_KERNEL_X86
   const Isa isa = active_isa();
-  if (isa == Isa::avx512) return detail::widen_avx512(in, n, out);
-  if (isa == Isa::avx2) return detail::widen_avx2(in, n, out);
+  if (isa == Isa::AVX512) return detail::widen_avx512(in, n, out);
+  if (isa == Isa::AVX2) return detail::widen_avx2(in, n, out);
 #endif
   detail::widen_portable(in, n, out);
 }

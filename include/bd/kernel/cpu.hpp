@@ -6,9 +6,9 @@
 // flags; this file picks, once per process, the widest set the CPU (and the OS, which must save
 // the wide registers) supports:
 //
-//   Isa::avx512    AVX-512 F, BW, DQ and VL (Skylake-X and later, Zen 4 and later)
-//   Isa::avx2      AVX2, FMA and F16C (Haswell and later, Zen 1 and later)
-//   Isa::portable  plain C++, any CPU and any compiler
+//   Isa::AVX512    AVX-512 F, BW, DQ and VL (Skylake-X and later, Zen 4 and later)
+//   Isa::AVX2      AVX2, FMA and F16C (Haswell and later, Zen 1 and later)
+//   Isa::Portable  plain C++, any CPU and any compiler
 //
 // The environment variable BD_CPU=portable|avx2|avx512 forces a path (for tests and benchmark
 // sweeps); a path the CPU lacks is refused with an error naming what the CPU has. In a program
@@ -33,12 +33,18 @@
 
 namespace bd::kernel {
 
-enum class Isa { portable = 0, avx2 = 1, avx512 = 2 };
+enum class Isa {
+  Portable = 0, AVX2 = 1, AVX512 = 2,
+  // bd 0.1's spellings, kept for one release:
+  portable [[deprecated("spelled Isa::Portable since bd 0.2")]] = Portable,
+  avx2 [[deprecated("spelled Isa::AVX2 since bd 0.2")]] = AVX2,
+  avx512 [[deprecated("spelled Isa::AVX512 since bd 0.2")]] = AVX512,
+};
 
 inline const char* to_string(Isa isa) {
   switch (isa) {
-    case Isa::avx512: return "avx512";
-    case Isa::avx2: return "avx2";
+    case Isa::AVX512: return "avx512";
+    case Isa::AVX2: return "avx2";
     default: return "portable";
   }
 }
@@ -60,26 +66,26 @@ inline bool cpu_has(Isa isa) {
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   }();
   switch (isa) {
-    case Isa::avx512: return avx512;
-    case Isa::avx2: return avx2;
+    case Isa::AVX512: return avx512;
+    case Isa::AVX2: return avx2;
     default: return true;
   }
 #else
-  return isa == Isa::portable;
+  return isa == Isa::Portable;
 #endif
 }
 
 /// The widest instruction set this CPU runs.
 inline Isa best_isa() {
-  if (cpu_has(Isa::avx512)) return Isa::avx512;
-  if (cpu_has(Isa::avx2)) return Isa::avx2;
-  return Isa::portable;
+  if (cpu_has(Isa::AVX512)) return Isa::AVX512;
+  if (cpu_has(Isa::AVX2)) return Isa::AVX2;
+  return Isa::Portable;
 }
 
 /// What the CPU has, for messages: "avx512, avx2, portable".
 inline std::string cpu_isas() {
   std::string out;
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable}) {
+  for (Isa isa : {Isa::AVX512, Isa::AVX2, Isa::Portable}) {
     if (!cpu_has(isa)) continue;
     if (!out.empty()) out += ", ";
     out += to_string(isa);
@@ -90,9 +96,9 @@ inline std::string cpu_isas() {
 /// Parses "portable", "avx2" or "avx512"; throws RangeError otherwise or when the CPU lacks it.
 inline Isa parse_isa(const char* name, const char* source) {
   Isa isa;
-  if (std::strcmp(name, "portable") == 0) isa = Isa::portable;
-  else if (std::strcmp(name, "avx2") == 0) isa = Isa::avx2;
-  else if (std::strcmp(name, "avx512") == 0) isa = Isa::avx512;
+  if (std::strcmp(name, "portable") == 0) isa = Isa::Portable;
+  else if (std::strcmp(name, "avx2") == 0) isa = Isa::AVX2;
+  else if (std::strcmp(name, "avx512") == 0) isa = Isa::AVX512;
   else
     throw RangeError(bd::detail::message(source, " is '", name, "': expected portable, avx2 or avx512"));
   if (!cpu_has(isa))

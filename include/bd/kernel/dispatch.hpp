@@ -23,8 +23,8 @@ decltype(auto) on_active_kernel(F&& f) {
 #ifdef BD_KERNEL_X86
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     const Isa isa = active_isa();
-    if (isa == Isa::avx512) return f(Avx512Kernel<T>{});
-    if (isa == Isa::avx2) return f(Avx2Kernel<T>{});
+    if (isa == Isa::AVX512) return f(Avx512Kernel<T>{});
+    if (isa == Isa::AVX2) return f(Avx2Kernel<T>{});
   }
 #endif
   return f(PortableKernel<T>{});

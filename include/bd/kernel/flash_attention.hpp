@@ -351,7 +351,7 @@ void flash_attention_finish(const AttentionArguments<T>& a) {
 /// Runs the attention on up to `threads` OpenMP threads (0: omp_get_max_threads(); 1 inside a
 /// parallel region) with the kernels of active_isa(). Lk ≥ 1 (a row with no key has no softmax;
 /// streaming, a row must have seen a key by the finishing call);
-/// the caller checks shapes (nn/attention_core.hpp does, with messages). The scratch is the
+/// the caller checks shapes (nn/attend.hpp does, with messages). The scratch is the
 /// calling thread's in `ws`, kept there for the next call: a call of a shape already seen on this
 /// thread allocates nothing.
 template <typename T>

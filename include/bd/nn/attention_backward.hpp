@@ -24,7 +24,7 @@
 
 #include "bd/base/error.hpp"
 #include "bd/kernel/matmul.hpp"
-#include "bd/nn/attention_core.hpp"
+#include "bd/nn/attend.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -22,6 +22,7 @@
 #include "bd/core/scalar.hpp"
 #include "bd/core/validate.hpp"
 #include "bd/nn/rope.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn {
 
@@ -51,8 +52,8 @@ struct AttentionConfig {
 /// Weights stored in S. Empty matrices/vectors mean "absent".
 template <typename S>
 struct AttentionWeights {
-  using Matrix = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
-  using Vector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+  using Matrix = StoredMatrix<S>;
+  using Vector = StoredVector<S>;
   Matrix Wq;        ///< d_q × n_q·d_h
   Matrix Wk;        ///< d_kv × n_kv·d_h
   Matrix Wv;        ///< d_kv × n_kv·d_v

@@ -28,13 +28,13 @@
 #include <Eigen/Core>
 
 #include "bd/base/error.hpp"
+#include "bd/nn/attend.hpp"
 #include "bd/nn/attention_backward.hpp"
 #include "bd/nn/attention_config.hpp"
-#include "bd/nn/attention_core.hpp"
 #include "bd/nn/attention_steps.hpp"
 #include "bd/nn/cost_model.hpp"
+#include "bd/nn/decoding_cache.hpp"
 #include "bd/nn/gradients.hpp"
-#include "bd/nn/latent_cache.hpp"
 
 namespace bd::nn {
 
@@ -76,12 +76,12 @@ public:
   /// whole context, by the path `path` names; `automatic` takes the one the cost model says is
   /// cheaper for this chunk and context (chunk_plan(): K/V recomputed from the latent, Algorithm
   /// 2 for BD, or absorbed). Equal to forward() on the whole sequence either way.
-  Matrix prefill(const Input& x_new, Latent& cache, PrefillPath path = PrefillPath::automatic) const {
+  Matrix prefill(const Input& x_new, Latent& cache, PrefillPath path = PrefillPath::Automatic) const {
     detail::require_latent_layer(config(), weights(), "prefill over a latent cache");
     require_inputs(x_new, x_new);
     require_window(cache.length() + x_new.rows());
-    if (path == PrefillPath::automatic) path = plan_chunk(x_new.rows(), cache.length() + x_new.rows()).path;
-    if (path == PrefillPath::absorbed) return decode_absorbed(x_new, cache);
+    if (path == PrefillPath::Automatic) path = plan_chunk(x_new.rows(), cache.length() + x_new.rows()).path;
+    if (path == PrefillPath::Absorbed) return decode_absorbed(x_new, cache);
     const AttentionConfig& c = config();
     const Index start = cache.length();
     detail::append_latent<A>(c, weights(), x_new, cache);

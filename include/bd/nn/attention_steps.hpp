@@ -7,16 +7,14 @@
 
 #include "bd/base/error.hpp"
 #include "bd/kernel/matmul.hpp"
+#include "bd/nn/attend.hpp"
 #include "bd/nn/attention_config.hpp"
-#include "bd/nn/attention_core.hpp"
-#include "bd/nn/latent_cache.hpp"
+#include "bd/nn/decoding_cache.hpp"
+#include "bd/nn/rms_norm.hpp"
+#include "bd/nn/rope.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn::detail {
-
-template <typename S>
-using StoredMatrix = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
-template <typename S>
-using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
 
 /// x·W + b on the dispatched kernel (W stored in S, converted while packed; b empty: none).
 template <typename A, typename S>

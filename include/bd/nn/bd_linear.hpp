@@ -34,8 +34,8 @@ public:
   using Scalar = S;
   using A = acc_t<S>;
   using Matrix = MatrixA<A>;
-  using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
-  using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+  using Stored = StoredMatrix<S>;
+  using StoredVector = nn::StoredVector<S>;
 
   BDLinear() = default;
 

@@ -3,8 +3,8 @@
 // FLOPs follow the paper's count: a dot product of length d is 2d − 1 operations, so a dense
 // key projection costs n_kv·d_h·(2d − 1) per token and its BD form h·d_h·2(d − d_h) (the window
 // adds one), h the heads of K'. With grouped-query attention (g = n_q/n_kv) BD chooses one
-// window per key/value group by default (Windows::per_group: C_g is the same for every query
-// head of the group, so h = n_kv and the cache is dense's); per query head (Windows::per_head)
+// window per key/value group by default (Windows::PerGroup: C_g is the same for every query
+// head of the group, so h = n_kv and the cache is dense's); per query head (Windows::PerHead)
 // h = n_q: the projection is slower when g > (2d − 1)/(2(d − d_h)) and the KV cache grows
 // g-fold. BDAttention refuses such a mode unless told otherwise, with these figures.
 //
@@ -21,33 +21,9 @@
 
 #include "bd/base/error.hpp"
 #include "bd/nn/attention_config.hpp"
+#include "bd/nn/bd_mode.hpp"
 
 namespace bd::nn {
-
-/// Which products of an attention layer are decomposed.
-enum class Mode { QK, VO, QKVO };
-
-inline const char* to_string(Mode m) { return m == Mode::QK ? "qk" : m == Mode::VO ? "vo" : "qkvo"; }
-inline Mode parse_mode(const std::string& s) {
-  if (s == "qk") return Mode::QK;
-  if (s == "vo") return Mode::VO;
-  if (s == "qkvo") return Mode::QKVO;
-  throw RangeError("unknown attention mode '" + s + "': expected qk, vo or qkvo");
-}
-inline bool has_qk(Mode m) { return m != Mode::VO; }
-inline bool has_vo(Mode m) { return m != Mode::QK; }
-
-/// Where BD's windows are chosen under grouped-query attention (n_q query heads on n_kv
-/// key/value heads). per_group: one window and one C per key/value group, so K'/V' have n_kv
-/// heads and the cache is the dense layer's (each query head keeps its own basis); per_head: a
-/// window per query head, K'/V' with n_q heads. The same for MHA (n_q = n_kv).
-enum class Windows { per_group, per_head };
-inline const char* to_string(Windows w) { return w == Windows::per_group ? "per-group" : "per-head"; }
-inline Windows parse_windows(const std::string& s) {
-  if (s == "per-group") return Windows::per_group;
-  if (s == "per-head") return Windows::per_head;
-  throw RangeError("unknown windows '" + s + "': expected per-group or per-head");
-}
 
 /// Per-token cost of one attention layer's projections (the softmax core is the same for both).
 struct AttentionCost {
@@ -82,7 +58,7 @@ struct AttentionShape {
 struct CostComparison {
   AttentionCost dense, bd;
   Mode mode = Mode::QKVO;
-  Windows windows = Windows::per_group;
+  Windows windows = Windows::PerGroup;
   bool slower() const { return bd.flops() > dense.flops(); }
   bool larger_cache() const { return bd.cache_elements > dense.cache_elements; }
   bool worthwhile() const { return !slower() && !larger_cache(); }
@@ -97,10 +73,10 @@ struct CostComparison {
 
 inline double dot_flops(Index length) { return 2.0 * double(length) - 1.0; }
 
-inline CostComparison attention_cost(const AttentionShape& s, Mode mode, Windows windows = Windows::per_group) {
+inline CostComparison attention_cost(const AttentionShape& s, Mode mode, Windows windows = Windows::PerGroup) {
   const AttentionConfig& c = s.config;
   const double nq = double(c.n_q), nkv = double(c.n_kv), dh = double(c.head_dim), dv = double(c.value_dim());
-  const double heads = windows == Windows::per_group ? nkv : nq;  // of K' and V' (see Windows)
+  const double heads = windows == Windows::PerGroup ? nkv : nq;  // of K' and V' (see Windows)
   const double dr = double(c.rope_dim);
   AttentionCost dense;
   dense.q_flops = nq * dh * dot_flops(s.d_q);
@@ -175,10 +151,16 @@ inline MLACost mla_cost(const AttentionShape& s, Mode mode) {
 
 /// How a chunk of new tokens is served from an MLA latent cache: K/V (K'/V' for BD) recomputed
 /// from the cached latent for the whole context, or absorbed (queries mapped into the latent).
-enum class PrefillPath { automatic, recompute, absorbed };
+enum class PrefillPath {
+  Automatic, Recompute, Absorbed,
+  // bd 0.1's spellings, kept for one release:
+  automatic [[deprecated("spelled PrefillPath::Automatic since bd 0.2")]] = Automatic,
+  recompute [[deprecated("spelled PrefillPath::Recompute since bd 0.2")]] = Recompute,
+  absorbed [[deprecated("spelled PrefillPath::Absorbed since bd 0.2")]] = Absorbed,
+};
 
 inline const char* to_string(PrefillPath p) {
-  return p == PrefillPath::recompute ? "recompute" : p == PrefillPath::absorbed ? "absorbed" : "automatic";
+  return p == PrefillPath::Recompute ? "recompute" : p == PrefillPath::Absorbed ? "absorbed" : "automatic";
 }
 
 /// The cheaper path for `chunk` new tokens over `context` cached ones (the chunk included), and
@@ -187,7 +169,7 @@ inline const char* to_string(PrefillPath p) {
 /// the maps into and out of the latent per new token and attention at the latent's width
 /// (d_c + d_rope, d_c). Long chunks over short contexts recompute, short chunks absorb.
 struct ChunkPlan {
-  PrefillPath path = PrefillPath::recompute;
+  PrefillPath path = PrefillPath::Recompute;
   double recompute_flops = 0, absorbed_flops = 0;
 };
 
@@ -202,7 +184,7 @@ inline ChunkPlan chunk_plan(const AttentionShape& s, Mode mode, bool decomposed,
   ChunkPlan p;
   p.recompute_flops = T * (own.k_flops + own.v_flops) + L * T * n * 2.0 * (double(c.head_dim) + dr + double(c.value_dim()));
   p.absorbed_flops = L * absorb + L * T * n * 2.0 * (2.0 * dc + dr);
-  p.path = p.absorbed_flops < p.recompute_flops ? PrefillPath::absorbed : PrefillPath::recompute;
+  p.path = p.absorbed_flops < p.recompute_flops ? PrefillPath::Absorbed : PrefillPath::Recompute;
   return p;
 }
 

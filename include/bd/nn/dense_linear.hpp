@@ -16,8 +16,8 @@
 #include "bd/core/scalar.hpp"
 #include "bd/core/validate.hpp"
 #include "bd/kernel/matmul.hpp"
-#include "bd/nn/attention_core.hpp"
 #include "bd/nn/gradients.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn {
 
@@ -34,7 +34,7 @@ inline void require_linear_call(const char* layer, Index d_in, Index d_out, Inde
 /// The bias in the arithmetic type: the stored values themselves when S is A, else converted
 /// into `buffer` (a few values per call; nothing is cached, so training may change the bias).
 template <typename A, typename S>
-const A* bias_in(const Eigen::Matrix<S, Eigen::Dynamic, 1>& b, Eigen::Matrix<A, Eigen::Dynamic, 1>& buffer) {
+const A* bias_in(const StoredVector<S>& b, Eigen::Matrix<A, Eigen::Dynamic, 1>& buffer) {
   if (b.size() == 0) return nullptr;
   if constexpr (std::is_same_v<A, S>) {
     return b.data();
@@ -70,8 +70,8 @@ public:
   using Scalar = S;
   using A = acc_t<S>;
   using Matrix = MatrixA<A>;
-  using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
-  using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+  using Stored = StoredMatrix<S>;
+  using StoredVector = nn::StoredVector<S>;
 
   DenseLinear() = default;
   explicit DenseLinear(Stored W, StoredVector bias = {}) : W_(std::move(W)), bias_(std::move(bias)) {

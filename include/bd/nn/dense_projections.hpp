@@ -16,9 +16,9 @@
 
 #include "bd/kernel/matmul.hpp"
 #include "bd/nn/attention_config.hpp"
-#include "bd/nn/attention_core.hpp"
 #include "bd/nn/attention_steps.hpp"
 #include "bd/nn/dense_linear.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn::detail {
 

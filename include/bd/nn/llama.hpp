@@ -19,14 +19,16 @@
 
 #include "bd/base/error.hpp"
 #include "bd/core/scalar.hpp"
-#include "bd/nn/attention_core.hpp"
 #include "bd/nn/attention_steps.hpp"
 #include "bd/nn/bd_attention.hpp"
 #include "bd/nn/bd_linear.hpp"
+#include "bd/nn/decoding_cache.hpp"
 #include "bd/nn/dense_linear.hpp"
 #include "bd/nn/low_rank_linear.hpp"
 #include "bd/nn/multi_head_attention.hpp"
 #include "bd/nn/projected_attention.hpp"
+#include "bd/nn/rms_norm.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn {
 
@@ -39,7 +41,7 @@ struct LlamaConfig {
 
 template <typename S, typename Attention = MultiHeadAttention<S>, typename Linear = DenseLinear<S>>
 struct LlamaLayer {
-  using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+  using StoredVector = nn::StoredVector<S>;
   StoredVector attn_norm, mlp_norm;
   Attention attention;
   Linear gate, up, down;  ///< d → ff, d → ff, ff → d
@@ -53,8 +55,8 @@ public:
   using Scalar = S;
   using A = acc_t<S>;
   using Matrix = MatrixA<A>;
-  using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
-  using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+  using Stored = StoredMatrix<S>;
+  using StoredVector = nn::StoredVector<S>;
   using Layer = LlamaLayer<S, Attention, Linear>;
 
   /// Every layer's keys and values of the tokens decoded so far.
@@ -152,7 +154,7 @@ private:
   }
 
   template <typename T>
-  static auto round_stored(const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& m) {
+  static auto round_stored(const StoredMatrix<S>& m) {
     return round_matrix<T>(m.template cast<double>());
   }
   template <typename T>

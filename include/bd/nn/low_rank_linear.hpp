@@ -17,9 +17,9 @@
 #include "bd/core/scalar.hpp"
 #include "bd/core/validate.hpp"
 #include "bd/kernel/matmul.hpp"
-#include "bd/nn/attention_core.hpp"
 #include "bd/nn/dense_linear.hpp"
 #include "bd/nn/gradients.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn {
 
@@ -29,8 +29,8 @@ public:
   using Scalar = S;
   using A = acc_t<S>;
   using Matrix = MatrixA<A>;
-  using Stored = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
-  using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+  using Stored = StoredMatrix<S>;
+  using StoredVector = nn::StoredVector<S>;
 
   LowRankLinear() = default;
   LowRankLinear(const Stored& U, const Stored& V, StoredVector bias = {}) : U_(U), Vt_(V.transpose()), bias_(std::move(bias)) {

@@ -25,11 +25,12 @@
 #include "bd/base/error.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/nn/attention_config.hpp"
-#include "bd/nn/attention_core.hpp"
 #include "bd/nn/attention_layer.hpp"
 #include "bd/nn/cost_model.hpp"
+#include "bd/nn/decoding_cache.hpp"
 #include "bd/nn/dense_projections.hpp"
 #include "bd/nn/gradients.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn {
 
@@ -42,7 +43,7 @@ public:
   using Input = Eigen::Ref<const Matrix>;
   using Cache = KVCache<A>;
   using Latent = LatentCache<A>;
-  using StoredMatrix = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
+  using StoredMatrix = nn::StoredMatrix<S>;
 
   MultiHeadAttention() = default;
   MultiHeadAttention(AttentionConfig config, AttentionWeights<S> weights)

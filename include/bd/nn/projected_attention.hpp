@@ -17,10 +17,11 @@
 #include "bd/base/error.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/nn/attention_config.hpp"
-#include "bd/nn/attention_core.hpp"
 #include "bd/nn/attention_layer.hpp"
 #include "bd/nn/cost_model.hpp"
+#include "bd/nn/decoding_cache.hpp"
 #include "bd/nn/gradients.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn {
 

@@ -26,7 +26,7 @@
 #include "bd/core/decomposition.hpp"
 #include "bd/kernel/gemm.hpp"
 #include "bd/kernel/matmul.hpp"
-#include "bd/nn/attention_core.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn {
 
@@ -88,22 +88,32 @@ struct HeadIndices {
   }
 };
 
-/// out (L × n·d) = [z[:, S_h] + z[:, R_h]·C_h]_h, fused and blocked (see the file comment).
-/// Runs on omp_get_max_threads() threads (OMP_NUM_THREADS), one inside a parallel region.
+namespace detail {
+/// out = [z[:, h·step + S_h] + z[:, h·step + R_h]·C_h]_h: step 0 for one input every head reads
+/// (a key or value projection), step d_in for heads that read their own d_in-wide blocks of z
+/// (absorbed decoding's per-head latent outputs).
 template <typename A, typename S>
-void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& C,
-                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {}) {
-  const Index d = idx.head_dim, n = idx.heads(), d_in = idx.input_dim;
-  if (z.cols() != d_in || C.rows() != d_in - d || C.cols() != n * d || out.rows() != z.rows() || out.cols() != n * d)
+void bd_project_into(const ConstRef<A>& z, Index step, const HeadIndices& idx, const StoredMatrix<S>& C,
+                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking) {
+  const Index d = idx.head_dim, n = idx.heads(), d_in = idx.input_dim, r = d_in - d;
+  const Index z_cols = step ? n * step : d_in;
+  if (z.cols() != z_cols || C.rows() != r || C.cols() != n * d || out.rows() != z.rows() || out.cols() != n * d)
     throw ShapeError(bd::detail::message("bd_project_into: z is ", z.rows(), "x", z.cols(), ", C ", C.rows(), "x", C.cols(),
-                                         " and out ", out.rows(), "x", out.cols(), "; expected z with input_dim = ", d_in,
-                                         " columns, C (input_dim − head_dim = ", d_in - d, ") x (heads·head_dim = ", n * d,
+                                         " and out ", out.rows(), "x", out.cols(), "; expected z with ",
+                                         step ? "heads·input_dim = " : "input_dim = ", z_cols,
+                                         " columns, C (input_dim − head_dim = ", r, ") x (heads·head_dim = ", n * d,
                                          ") and out ", z.rows(), "x", n * d));
-  // The basis channel each output column starts from.
-  std::vector<Index> init(static_cast<std::size_t>(n * d));
-  for (Index h = 0; h < n; ++h)
-    for (Index j = 0; j < d; ++j)
-      init[static_cast<std::size_t>(h * d + j)] = idx.basis[static_cast<std::size_t>(idx.shared ? 0 : h)][static_cast<std::size_t>(j)];
+  auto head = [&](const std::vector<std::vector<Index>>& v, Index h) -> const std::vector<Index>& {
+    return v[static_cast<std::size_t>(idx.shared ? 0 : h)];
+  };
+  // The basis channel each output column starts from; with per-head inputs, each head's rest
+  // channels moved to its block.
+  std::vector<Index> init(static_cast<std::size_t>(n * d)), channels(static_cast<std::size_t>(step ? n * r : 0));
+  for (Index h = 0; h < n; ++h) {
+    for (Index j = 0; j < d; ++j) init[static_cast<std::size_t>(h * d + j)] = h * step + head(idx.basis, h)[static_cast<std::size_t>(j)];
+    if (step)
+      for (Index k = 0; k < r; ++k) channels[static_cast<std::size_t>(h * r + k)] = h * step + head(idx.rest, h)[static_cast<std::size_t>(k)];
+  }
   bd::kernel::GemmArguments<A, S> args;
   args.rows = z.rows();
   args.x = z.data();
@@ -113,17 +123,68 @@ void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::
   args.out = out.data();
   args.ldo = out.outerStride();
   args.init_channels = init.data();
-  if (idx.shared) {
-    args.segments.push_back({idx.rest.front().data(), d_in - d, 0, n * d});
+  if (step) {
+    for (Index h = 0; h < n; ++h) args.segments.push_back({channels.data() + h * r, r, h * d, d});
+  } else if (idx.shared) {
+    args.segments.push_back({idx.rest.front().data(), r, 0, n * d});
   } else {
-    for (Index h = 0; h < n; ++h) args.segments.push_back({idx.rest[static_cast<std::size_t>(h)].data(), d_in - d, h * d, d});
+    for (Index h = 0; h < n; ++h) args.segments.push_back({idx.rest[static_cast<std::size_t>(h)].data(), r, h * d, d});
   }
   bd::kernel::gemm(args, blocking);
+}
+}  // namespace detail
+
+/// out (L × n·d) = [z[:, S_h] + z[:, R_h]·C_h]_h, fused and blocked (see the file comment).
+/// Runs on omp_get_max_threads() threads (OMP_NUM_THREADS), one inside a parallel region.
+template <typename A, typename S>
+void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
+                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {}) {
+  detail::bd_project_into<A, S>(z, 0, idx, C, out, blocking);
+}
+
+/// The same with an input per head: z is L × n·d_in and head h reads its own block
+/// z_h = z[:, h·d_in:(h+1)·d_in], out_h = z_h[:, S_h] + z_h[:, R_h]·C_h (absorbed decoding's
+/// O_h = Õ_h[S_h] + Õ_h[R_h]·C_h, every head in one product).
+template <typename A, typename S>
+void bd_project_heads_into(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
+                           Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {}) {
+  detail::bd_project_into<A, S>(z, idx.input_dim, idx, C, out, blocking);
+}
+
+/// The adjoint per head, out_h (L × d_in) with out_h[:, S_h] = q_h and out_h[:, R_h] = q_h·C_hᵀ
+/// for q = [q_h]_h (L × n_q·d), so that out_h·zᵀ = q_h·(z[:, S_h] + z[:, R_h]·C_h)ᵀ: absorbed
+/// decoding's queries against a latent. Query head h reads head h·heads/n_q of idx and C (query
+/// heads sharing a head of K'); per head one product with C_h read transposed in place, its
+/// columns written to R_h's places.
+template <typename A, typename S>
+MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& idx, const StoredMatrix<S>& C) {
+  const Index L = q.rows(), d = idx.head_dim, d_in = idx.input_dim, per = n_q / idx.heads();
+  if (q.cols() != n_q * d || n_q % idx.heads() || C.rows() != d_in - d || C.cols() != idx.heads() * d)
+    throw ShapeError(bd::detail::message("bd_adjoint_heads: q is ", L, "x", q.cols(), " and C ", C.rows(), "x", C.cols(),
+                                         " for ", n_q, " query heads over ", idx.heads(), " heads of ", d, " channels in ", d_in));
+  MatrixA<A> out(L, n_q * d_in);
+  std::vector<Index> columns(static_cast<std::size_t>(d_in - d));
+  for (Index h = 0; h < n_q; ++h) {
+    const Index k = h / per;  // the head of idx (and of C) query head h reads
+    const auto& basis = idx.basis[static_cast<std::size_t>(idx.shared ? 0 : k)];
+    const auto& rest = idx.rest[static_cast<std::size_t>(idx.shared ? 0 : k)];
+    for (std::size_t j = 0; j < basis.size(); ++j) out.col(h * d_in + basis[j]) = q.col(h * d + Index(j));
+    for (std::size_t j = 0; j < rest.size(); ++j) columns[j] = h * d_in + rest[j];
+    bd::kernel::GemmArguments<A, S> args;
+    const std::vector<Index> channels = bd::detail::contiguous(h * d, d);
+    args.rows = L;
+    args.x = q.data(), args.ldx = q.outerStride();
+    args.b = C.data() + k * d * C.outerStride(), args.ldb = C.outerStride(), args.b_row_major = true;
+    args.out = out.data(), args.ldo = out.outerStride(), args.out_columns = columns.data();
+    args.segments.push_back({channels.data(), d, 0, d_in - d});
+    bd::kernel::gemm(args);
+  }
+  return out;
 }
 
 /// The same, returning a new matrix.
 template <typename A, typename S>
-MatrixA<A> bd_project(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& C,
+MatrixA<A> bd_project(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
                       const bd::kernel::Blocking& blocking = {}) {
   MatrixA<A> out(z.rows(), idx.heads() * idx.head_dim);
   bd_project_into<A, S>(z, idx, C, out, blocking);
@@ -134,7 +195,7 @@ MatrixA<A> bd_project(const ConstRef<A>& z, const HeadIndices& idx, const Eigen:
 /// writes ∂C (C's shape):  ∂C_h = z[:, R_h]ᵀ·∂K'_h,  ∂z[:, S_h] += ∂K'_h,  ∂z[:, R_h] += ∂K'_h·C_hᵀ.
 /// A shared window's heads read the same z[:, R]: one product each for all of them.
 template <typename A, typename S>
-MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& C,
+MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
                                const ConstRef<A>& dK, MatrixA<A>& dC) {
   static_assert(std::is_same_v<A, S>, "bd_project_backward: C stored in the arithmetic type");
   const Index n = idx.heads(), d = idx.head_dim, L = z.rows();
@@ -161,7 +222,7 @@ MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, con
 /// The plain Eigen expression the kernel must equal: gather, one GEMM per head, add.
 template <typename A, typename S>
 MatrixA<A> bd_project_reference(const ConstRef<A>& z, const HeadIndices& idx,
-                                const Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>& C) {
+                                const StoredMatrix<S>& C) {
   const Index d = idx.head_dim, n = idx.heads();
   MatrixA<A> out(z.rows(), n * d);
   for (Index h = 0; h < n; ++h) {

@@ -37,22 +37,30 @@ namespace bd::nn {
 
 using bd::Index;
 
-enum class RopeType { standard, linear, dynamic, llama3, yarn };
+enum class RopeType {
+  Standard, Linear, Dynamic, Llama3, Yarn,
+  // bd 0.1's spellings, kept for one release:
+  standard [[deprecated("spelled RopeType::Standard since bd 0.2")]] = Standard,
+  linear [[deprecated("spelled RopeType::Linear since bd 0.2")]] = Linear,
+  dynamic [[deprecated("spelled RopeType::Dynamic since bd 0.2")]] = Dynamic,
+  llama3 [[deprecated("spelled RopeType::Llama3 since bd 0.2")]] = Llama3,
+  yarn [[deprecated("spelled RopeType::Yarn since bd 0.2")]] = Yarn,
+};
 
 inline const char* to_string(RopeType t) {
   switch (t) {
-    case RopeType::standard: return "default";
-    case RopeType::linear: return "linear";
-    case RopeType::dynamic: return "dynamic";
-    case RopeType::llama3: return "llama3";
-    case RopeType::yarn: return "yarn";
+    case RopeType::Standard: return "default";
+    case RopeType::Linear: return "linear";
+    case RopeType::Dynamic: return "dynamic";
+    case RopeType::Llama3: return "llama3";
+    case RopeType::Yarn: return "yarn";
   }
   return "?";
 }
 
 /// A RoPE scheme's parameters (the config's rope_scaling); the default is plain RoPE.
 struct RopeScaling {
-  RopeType type = RopeType::standard;
+  RopeType type = RopeType::Standard;
   double factor = 1;
   /// n₀: the pretraining context (llama3, yarn: original_max_position_embeddings; dynamic:
   /// max_position_embeddings).
@@ -65,17 +73,17 @@ struct RopeScaling {
   /// Checks the parameters the type uses; names the one that is out of range.
   void validate() const {
     using bd::detail::message;
-    if (type == RopeType::standard) return;
+    if (type == RopeType::Standard) return;
     if (!(factor > 0) || !std::isfinite(factor))
       throw RangeError(message("rope_scaling.factor is ", factor, ": expected a positive number"));
-    if (type != RopeType::linear && !(original_context > 0))
+    if (type != RopeType::Linear && !(original_context > 0))
       throw RangeError(message("rope_scaling (", to_string(type), ") needs the pretraining context length (",
-                               type == RopeType::dynamic ? "max_position_embeddings" : "original_max_position_embeddings",
+                               type == RopeType::Dynamic ? "max_position_embeddings" : "original_max_position_embeddings",
                                "), got ", original_context));
-    if (type == RopeType::llama3 && !(high_freq_factor > low_freq_factor))
+    if (type == RopeType::Llama3 && !(high_freq_factor > low_freq_factor))
       throw RangeError(message("rope_scaling: high_freq_factor ", high_freq_factor, " must exceed low_freq_factor ",
                                low_freq_factor));
-    if (type == RopeType::yarn && !(attention_factor > 0))
+    if (type == RopeType::Yarn && !(attention_factor > 0))
       throw RangeError(message("rope_scaling.attention_factor is ", attention_factor, ": expected a positive number"));
   }
 };
@@ -84,17 +92,17 @@ struct RopeScaling {
 inline std::vector<double> rope_frequencies(const RopeScaling& s, Index dim, double base, Index seq_len) {
   const Index half = dim / 2;
   const double pi = 3.14159265358979323846;
-  if (s.type == RopeType::dynamic && double(seq_len) > s.original_context)
+  if (s.type == RopeType::Dynamic && double(seq_len) > s.original_context)
     base *= std::pow(s.factor * double(seq_len) / s.original_context - (s.factor - 1), double(dim) / double(dim - 2));
   std::vector<double> theta(static_cast<std::size_t>(half));
   for (Index k = 0; k < half; ++k) theta[std::size_t(k)] = 1.0 / std::pow(base, double(2 * k) / double(dim));
   switch (s.type) {
-    case RopeType::standard:
-    case RopeType::dynamic: break;
-    case RopeType::linear:
+    case RopeType::Standard:
+    case RopeType::Dynamic: break;
+    case RopeType::Linear:
       for (double& t : theta) t /= s.factor;
       break;
-    case RopeType::llama3: {
+    case RopeType::Llama3: {
       const double low_wavelength = s.original_context / s.low_freq_factor;
       const double high_wavelength = s.original_context / s.high_freq_factor;
       for (double& t : theta) {
@@ -108,7 +116,7 @@ inline std::vector<double> rope_frequencies(const RopeScaling& s, Index dim, dou
       }
       break;
     }
-    case RopeType::yarn: {
+    case RopeType::Yarn: {
       const auto correction_dim = [&](double rotations) {
         return double(dim) * std::log(s.original_context / (rotations * 2 * pi)) / (2 * std::log(base));
       };
@@ -137,7 +145,7 @@ void apply_rope(Matrix& x, Index heads, Index dim, double base, const RopeScalin
   using A = typename Matrix::Scalar;
   const Index half = dim / 2;
   const std::vector<double> theta = rope_frequencies(s, dim, base, first_position + x.rows());
-  const double a = s.type == RopeType::yarn ? s.attention_factor : 1.0;
+  const double a = s.type == RopeType::Yarn ? s.attention_factor : 1.0;
   for (Index i = 0; i < x.rows(); ++i) {
     const double p = double(first_position + i);
     for (Index k = 0; k < half; ++k) {

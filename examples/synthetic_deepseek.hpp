@@ -1,5 +1,6 @@
-// bd/nn/synthetic_deepseek.hpp — synthetic attention weights at DeepSeek's published shapes,
-// for demonstrations and benchmarks that need a model's sizes without its checkpoint.
+// examples/synthetic_deepseek.hpp — synthetic attention weights at DeepSeek's published shapes,
+// for the demonstrations (deepseek_demo, bd-convert --demo) and benchmarks that need a model's
+// sizes without its checkpoint: demo data, not part of the library's headers.
 //
 // DeepSeek-V2-Lite's exact shapes (hidden 2048, 16 heads,
 // kv_lora_rank 512, qk_nope_head_dim 128, v_head_dim 128, 27 layers). K and V come from the
@@ -13,7 +14,7 @@
 
 #include <Eigen/Core>
 
-namespace bd::synthetic {
+namespace synthetic {
 
 struct DeepSeekV2Lite {
   static constexpr int layers = 27, heads = 16, hidden = 2048, latent = 512, head_dim = 128;
@@ -63,4 +64,4 @@ inline AttentionLayerFactors synthetic_layer(unsigned layer) {
   return synthetic_layer_of(S::heads, S::hidden, S::hidden, S::latent, S::head_dim, 1000 + layer);
 }
 
-}  // namespace bd::synthetic
+}  // namespace synthetic

@@ -1,10 +1,8 @@
-// bd/nn/attention_core.hpp — what dense and BD attention share once q, k, v are projected:
-// rotary embeddings (rope.hpp), RMSNorm, softmax(q·kᵀ·scale)·v per head with an optional causal mask (on
-// the kernel's flash attention), and the KV cache.
+// bd/nn/attend.hpp — softmax(q·kᵀ·scale)·v per head, once q, k and v are projected: the call
+// every attention layer makes (dense, BD, MLA, GQA), with an optional causal mask and decoupled
+// RoPE scores, on the kernel's flash attention; its shapes checked here, with messages.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -12,28 +10,10 @@
 #include <Eigen/Core>
 
 #include "bd/base/error.hpp"
-#include "bd/base/index.hpp"
-#include "bd/core/validate.hpp"
 #include "bd/kernel/flash_attention.hpp"
-#include "bd/nn/rope.hpp"
+#include "bd/nn/types.hpp"
 
 namespace bd::nn {
-
-using bd::Index;
-
-template <typename A>
-using MatrixA = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic>;
-
-/// RMSNorm over each row: x·g / sqrt(mean(x²) + eps).
-template <typename A, typename Gain>
-MatrixA<A> rms_norm(const Eigen::Ref<const MatrixA<A>>& x, const Gain& gain, double eps) {
-  MatrixA<A> out(x.rows(), x.cols());
-  for (Index i = 0; i < x.rows(); ++i) {
-    const A inv = A(1.0 / std::sqrt(double(x.row(i).squaredNorm()) / double(x.cols()) + eps));
-    out.row(i) = (x.row(i).array() * inv * gain.transpose().array()).matrix();
-  }
-  return out;
-}
 
 /// Heads and positions of one attention call.
 struct AttendSpec {
@@ -47,9 +27,6 @@ struct AttendSpec {
   Index first_query_position = 0;  ///< causal: query i sees keys at positions ≤ first + i
   Index first_key_position = 0;    ///< keys sit at positions first_key … first_key + L_k − 1
 };
-
-template <typename A>
-using ConstRef = Eigen::Ref<const MatrixA<A>>;
 
 namespace detail {
 /// The kernel's arguments for one attend call, after checking every shape against the spec.
@@ -132,61 +109,6 @@ private:
   std::vector<A> max_, sum_;
   bd::kernel::AttentionArguments<A> last_;
   bool seen_ = false;
-};
-
-/// Keys and values of the tokens seen so far, for incremental decoding. Storage grows by
-/// doubling, so appending one token at a time costs amortised O(1) copies per token.
-template <typename A>
-class KVCache {
-public:
-  Index length() const { return length_; }
-  void clear() { length_ = 0; }
-  /// Forgets every token after the first `length` (rolling back a rejected draft, or a
-  /// benchmark that decodes at a fixed context).
-  void truncate(Index length) {
-    if (length < 0 || length > length_)
-      throw RangeError(bd::detail::message("KVCache::truncate(", length, "): the cache holds ", length_, " tokens"));
-    length_ = length;
-  }
-  /// L × heads·d_qk (K' for BD attention), L × heads·d_v, L × rope_dim.
-  auto keys() const { return K_.topRows(length_); }
-  auto values() const { return V_.topRows(length_); }
-  auto rope_keys() const { return Kr_.topRows(length_); }
-
-  /// Appends tokens' keys, values and RoPE keys (one row each); a cache holding another layer
-  /// shape's entries, or row counts that differ, are refused.
-  void append(const ConstRef<A>& k, const ConstRef<A>& v, const ConstRef<A>& kr) {
-    using bd::detail::message;
-    if (v.rows() != k.rows() || kr.rows() != k.rows())
-      throw ShapeError(message("KVCache::append: ", k.rows(), " keys, ", v.rows(), " values and ", kr.rows(),
-                               " RoPE keys: one row per token in each"));
-    if (length_ > 0 && (k.cols() != K_.cols() || v.cols() != V_.cols() || kr.cols() != Kr_.cols()))
-      throw ShapeError(message("KVCache: the cache holds keys of width ", K_.cols(), ", values of ", V_.cols(),
-                               " and RoPE keys of ", Kr_.cols(), "; this layer gives ", k.cols(), ", ", v.cols(), " and ",
-                               kr.cols(), " (a cache from another layer shape?)"));
-    const Index add = k.rows();
-    reserve(length_ + add, k.cols(), v.cols(), kr.cols());
-    K_.middleRows(length_, add) = k;
-    V_.middleRows(length_, add) = v;
-    if (kr.cols()) Kr_.middleRows(length_, add) = kr;
-    length_ += add;
-  }
-
-private:
-  void reserve(Index rows, Index kc, Index vc, Index rc) {
-    if (rows <= K_.rows() && K_.cols() == kc && V_.cols() == vc && Kr_.cols() == rc) return;
-    const Index capacity = std::max<Index>(rows, 2 * K_.rows());
-    auto grow = [&](MatrixA<A>& m, Index cols) {
-      MatrixA<A> bigger(capacity, cols);
-      if (length_) bigger.topRows(length_) = m.topRows(length_);
-      m.swap(bigger);
-    };
-    grow(K_, kc);
-    grow(V_, vc);
-    grow(Kr_, rc);
-  }
-  MatrixA<A> K_, V_, Kr_;
-  Index length_ = 0;
 };
 
 }  // namespace bd::nn

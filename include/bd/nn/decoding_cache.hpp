@@ -1,0 +1,120 @@
+// bd/nn/decoding_cache.hpp — what a layer keeps between decoding steps, row per token:
+//   KVCache      keys and values per head (MHA, GQA, and MLA decoded without absorption): for BD
+//                attention the keys are K' = x·B·[I; C]-projected, n_k·d_h wide, as dense;
+//   LatentCache  MLA's cache as serving engines keep it (vLLM, SGLang, llama.cpp): the normalised
+//                latent c (d_c values) and the rotated shared RoPE key (rope_dim values), 512 + 64
+//                on DeepSeek-V2/V3, instead of n·d_h keys and n·d_v values. Dense and BD layers
+//                read the same cache: BD changes the weights, not what is cached.
+// Both grow by doubling, so appending one token at a time costs amortised O(1) copies per token,
+// and both refuse rows of another layer's shape.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+
+#include <Eigen/Core>
+
+#include "bd/base/error.hpp"
+#include "bd/nn/types.hpp"
+
+namespace bd::nn {
+
+namespace detail {
+/// N matrices of tokens' rows that grow together; `what` names the cache in messages.
+template <typename A, std::size_t N>
+class TokenRows {
+public:
+  Index length() const { return length_; }
+  void clear() { length_ = 0; }
+  /// Forgets every token after the first `length` (rolling back a rejected draft, or a
+  /// benchmark that decodes at a fixed context).
+  void truncate(Index length) {
+    if (length < 0 || length > length_)
+      throw RangeError(bd::detail::message(what_, "::truncate(", length, "): the cache holds ", length_, " tokens"));
+    length_ = length;
+  }
+
+protected:
+  explicit TokenRows(const char* what) : what_(what) {}
+  /// Room for `rows` tokens of the given widths; the rows held so far are kept.
+  void reserve(Index rows, const std::array<Index, N>& widths) {
+    bool fits = rows <= m_[0].rows();
+    for (std::size_t i = 0; i < N; ++i) fits = fits && m_[i].cols() == widths[i];
+    if (fits) return;
+    const Index capacity = std::max<Index>(rows, 2 * m_[0].rows());
+    for (std::size_t i = 0; i < N; ++i) {
+      MatrixA<A> bigger(capacity, widths[i]);
+      if (length_) bigger.topRows(length_) = m_[i].topRows(length_);
+      m_[i].swap(bigger);
+    }
+  }
+  std::array<MatrixA<A>, N> m_;
+  Index length_ = 0;
+  const char* what_;
+};
+}  // namespace detail
+
+template <typename A>
+class KVCache : public detail::TokenRows<A, 3> {
+  using Base = detail::TokenRows<A, 3>;
+  using Base::length_;
+  using Base::m_;
+
+public:
+  KVCache() : Base("KVCache") {}
+  /// L × heads·d_qk (K' for BD attention), L × heads·d_v, L × rope_dim.
+  auto keys() const { return m_[0].topRows(length_); }
+  auto values() const { return m_[1].topRows(length_); }
+  auto rope_keys() const { return m_[2].topRows(length_); }
+
+  /// Appends tokens' keys, values and RoPE keys (one row each); a cache holding another layer
+  /// shape's entries, or row counts that differ, are refused.
+  void append(const ConstRef<A>& k, const ConstRef<A>& v, const ConstRef<A>& kr) {
+    using bd::detail::message;
+    if (v.rows() != k.rows() || kr.rows() != k.rows())
+      throw ShapeError(message("KVCache::append: ", k.rows(), " keys, ", v.rows(), " values and ", kr.rows(),
+                               " RoPE keys: one row per token in each"));
+    if (length_ > 0 && (k.cols() != m_[0].cols() || v.cols() != m_[1].cols() || kr.cols() != m_[2].cols()))
+      throw ShapeError(message("KVCache: the cache holds keys of width ", m_[0].cols(), ", values of ", m_[1].cols(),
+                               " and RoPE keys of ", m_[2].cols(), "; this layer gives ", k.cols(), ", ", v.cols(),
+                               " and ", kr.cols(), " (a cache from another layer shape?)"));
+    const Index add = k.rows();
+    this->reserve(length_ + add, {k.cols(), v.cols(), kr.cols()});
+    m_[0].middleRows(length_, add) = k;
+    m_[1].middleRows(length_, add) = v;
+    if (kr.cols()) m_[2].middleRows(length_, add) = kr;
+    length_ += add;
+  }
+};
+
+template <typename A>
+class LatentCache : public detail::TokenRows<A, 2> {
+  using Base = detail::TokenRows<A, 2>;
+  using Base::length_;
+  using Base::m_;
+
+public:
+  LatentCache() : Base("LatentCache") {}
+  Index latent_dim() const { return m_[0].cols(); }
+  Index rope_dim() const { return m_[1].cols(); }
+  /// L × d_c normalised latents and L × rope_dim rotated RoPE keys of the tokens so far.
+  auto latent() const { return m_[0].topRows(length_); }
+  auto rope_keys() const { return m_[1].topRows(length_); }
+
+  /// Appends tokens; a cache holding another layer shape's entries is refused.
+  void append(const MatrixA<A>& c, const MatrixA<A>& kr) {
+    if (c.rows() != kr.rows())
+      throw ShapeError(bd::detail::message("LatentCache::append: ", c.rows(), " latents but ", kr.rows(), " RoPE keys"));
+    if (length_ > 0 && (c.cols() != m_[0].cols() || kr.cols() != m_[1].cols()))
+      throw ShapeError(bd::detail::message("LatentCache: the cache holds latents of width ", m_[0].cols(),
+                                           " and RoPE keys of ", m_[1].cols(), "; this layer gives ", c.cols(), " and ",
+                                           kr.cols(), " (a cache from another layer shape?)"));
+    this->reserve(length_ + c.rows(), {c.cols(), kr.cols()});
+    m_[0].middleRows(length_, c.rows()) = c;
+    if (kr.cols()) m_[1].middleRows(length_, kr.rows()) = kr;
+    length_ += c.rows();
+  }
+};
+
+}  // namespace bd::nn

@@ -1,0 +1,27 @@
+// bd/nn/types.hpp — the matrix types every layer speaks, named once: activations in A (float or
+// double) and weights stored in S (float, double, Eigen::half, Eigen::bfloat16).
+#pragma once
+
+#include <Eigen/Core>
+
+#include "bd/base/index.hpp"
+
+namespace bd::nn {
+
+using bd::Index;
+
+/// Activations: L × width, column-major, in the compute type A.
+template <typename A>
+using MatrixA = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic>;
+
+/// A read-only view of activations where they lie (a block, a cache's rows).
+template <typename A>
+using ConstRef = Eigen::Ref<const MatrixA<A>>;
+
+/// Weights and biases as stored: in S, converted to A while a kernel packs them.
+template <typename S>
+using StoredMatrix = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic>;
+template <typename S>
+using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+
+}  // namespace bd::nn
