@@ -1,15 +1,18 @@
-// bd::compiled — the kernel's instantiations: the GEMM, flash attention, the small and large
-// products and the triangular inverse, for every scalar type bd's layers and preparation use,
-// each with its AVX-512, AVX2 and portable micro-kernels. Headers declare them extern where
-// BD_COMPILED_LIB is defined (docs/architecture.md, "Compile time").
+// bd::compiled_kernel (bd::compiled links it) — the kernel's instantiations: the GEMM, flash
+// attention, the small and large products, the triangular inverse and the small LU, for every scalar type bd's
+// layers and preparation use, each with its AVX-512, AVX2 and portable micro-kernels. Headers
+// declare them extern where BD_COMPILED_LIB or BD_COMPILED_KERNEL is defined
+// (docs/architecture.md, "Compile time").
 #include <bd/kernel/flash_attention.hpp>
 #include <bd/kernel/gemm.hpp>
 #include <bd/kernel/inverse.hpp>
 #include <bd/kernel/matmul.hpp>
+#include <bd/kernel/small_lu.hpp>
 
 namespace bd::kernel {
 BD_GEMM_INSTANTIATIONS(template)
 BD_FLASH_ATTENTION_INSTANTIATIONS(template)
 BD_MATMUL_INSTANTIATIONS(template)
 BD_INVERSE_INSTANTIATIONS(template)
+BD_SMALL_LU_INSTANTIATIONS(template)
 }  // namespace bd::kernel

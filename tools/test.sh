@@ -5,7 +5,8 @@
 #      or portable code when they run, and the kernel tests force each path the CPU has);
 #   2. the kernel tests again with -march=x86-64-v4, where Eigen and the compiler use AVX-512
 #      throughout: compiled on every machine, so one without AVX-512 still catches what breaks
-#      there; run only where the CPU has AVX-512. (The operator tests and the benchmarks left this
+#      there; run only where the CPU has AVX-512. They link bd::compiled_kernel, the kernel's
+#      part of the compiled mode, so this build compiles no preparation or io instantiation. (The operator tests and the benchmarks left this
 #      step when every operator's product moved onto the dispatched kernel, whose every ISA path
 #      step 1 already tests: compiling them a second time cost about 8 of CI's 56 minutes.)
 #   3. the tests of the code that does its own pointer arithmetic — the packed GEMM kernel (every

@@ -370,11 +370,11 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0, Workspace&
   on_active_kernel<T>([&](auto k) { detail::flash_attention_dispatch<decltype(k)>(a, threads, scratch); });
 }
 
-/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB.
+/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.
 #define BD_FLASH_ATTENTION_INSTANTIATIONS(prefix)                              \
   prefix void flash_attention<float>(const AttentionArguments<float>&, int, Workspace&);   \
   prefix void flash_attention<double>(const AttentionArguments<double>&, int, Workspace&);
-#ifdef BD_COMPILED_LIB
+#if defined(BD_COMPILED_LIB) || defined(BD_COMPILED_KERNEL)
 BD_FLASH_ATTENTION_INSTANTIATIONS(extern template)
 #endif
 

@@ -148,4 +148,13 @@ private:
   double norm1_ = 0;
 };
 
+/// The instantiations bd::compiled holds (src/compiled_kernel.cpp): every member but the
+/// templates on the caller's expressions; extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.
+#define BD_SMALL_LU_INSTANTIATIONS(prefix) \
+  prefix class SmallLU<float>;             \
+  prefix class SmallLU<double>;
+#if defined(BD_COMPILED_LIB) || defined(BD_COMPILED_KERNEL)
+BD_SMALL_LU_INSTANTIATIONS(extern template)
+#endif
+
 }  // namespace bd::kernel
