@@ -132,3 +132,41 @@ TEST_CASE("fused projection: shapes that disagree throw ShapeError, naming them,
   BD_CHECK_THROWS_CONTAINING(bd::nn::bd_project_into<float>(z, idx, C, out_short), bd::ShapeError,
                              Contains("out 4x12"));
 }
+
+TEST_CASE("per-head inputs and the adjoint: absorbed decoding's two products against their definitions", "[kernel][mla]") {
+  // bd_project_heads_into: head h reads its own block z_h of z and equals the projection of z_h
+  // alone; bd_adjoint_heads: out_h·z_hᵀ = q_h·(z_h[S_h] + z_h[R_h]·C_h)ᵀ for every z_h, i.e. out_h
+  // is q_h·[I; C_h]ᵀ placed at S_h and R_h. Shared windows and per-head pivoted bases, query heads
+  // sharing a head of C (GQA), on every instruction set.
+  bd_test::for_each_isa([&] {
+    const Eigen::Index L = 5, d_in = 24, d = 6, heads = 4;
+    for (const HeadIndices& idx : {HeadIndices::window(d_in, d, 8, heads), pivoted(d_in, d, heads)}) {
+      const Eigen::MatrixXd z = bd_test::gaussian(L, heads * d_in, 11);
+      const Eigen::MatrixXd C = bd_test::gaussian(d_in - d, heads * d, 12);
+      Eigen::MatrixXd out(L, heads * d);
+      bd::nn::bd_project_heads_into<double>(z, idx, C, out);
+      for (Eigen::Index h = 0; h < heads; ++h) {
+        const Eigen::MatrixXd z_h = z.middleCols(h * d_in, d_in);
+        const Eigen::MatrixXd alone = bd::nn::bd_project_reference<double>(z_h, idx, C).middleCols(h * d, d);
+        CHECK((out.middleCols(h * d, d) - alone).cwiseAbs().maxCoeff() <= 1e-13 * alone.cwiseAbs().maxCoeff());
+      }
+      for (const Eigen::Index n_q : {heads, 2 * heads}) {  // one query head per head of C, or two
+        const Eigen::MatrixXd q = bd_test::gaussian(L, n_q * d, 13);
+        const Eigen::MatrixXd adj = bd::nn::bd_adjoint_heads<double>(q, n_q, idx, C);
+        REQUIRE(adj.cols() == n_q * d_in);
+        const Eigen::MatrixXd y = bd_test::gaussian(7, d_in, 14);  // any rows of a latent
+        const Eigen::MatrixXd projected = bd::nn::bd_project_reference<double>(y, idx, C);
+        for (Eigen::Index h = 0; h < n_q; ++h) {
+          const Eigen::Index k = h / (n_q / heads);
+          const Eigen::MatrixXd lhs = adj.middleCols(h * d_in, d_in) * y.transpose();
+          const Eigen::MatrixXd rhs = q.middleCols(h * d, d) * projected.middleCols(k * d, d).transpose();
+          CHECK((lhs - rhs).cwiseAbs().maxCoeff() <= 1e-12 * rhs.cwiseAbs().maxCoeff());
+        }
+      }
+      BD_CHECK_THROWS_CONTAINING(bd::nn::bd_project_heads_into<double>(z.leftCols(d_in), idx, C, out), bd::ShapeError,
+                                 Contains("heads·input_dim = 96"));
+      BD_CHECK_THROWS_CONTAINING(bd::nn::bd_adjoint_heads<double>(Eigen::MatrixXd(L, 3 * d), 3, idx, C), bd::ShapeError,
+                                 Contains("3 query heads over 4 heads"));
+    }
+  });
+}

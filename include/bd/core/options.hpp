@@ -9,6 +9,7 @@
 
 #include "bd/base/error.hpp"
 #include "bd/base/index.hpp"
+#include "bd/base/names.hpp"
 
 namespace bd {
 
@@ -63,35 +64,18 @@ struct Options {
   Options& with_fp32_products(bool f) { fp32_products = f; return *this; }
 };
 
-inline const char* to_string(Side side) { return side == Side::Row ? "row" : "col"; }
+/// The command-line spelling of each strategy (base/names.hpp).
+inline constexpr detail::Named<Basis> basis_names[] = {
+    {Basis::First, "first"},     {Basis::Last, "last"}, {Basis::ResidualMin, "residual-min"}, {Basis::OffsetSearch, "offset-search"},
+    {Basis::Pivoted, "pivoted"}, {Basis::Auto, "auto"}, {Basis::Window, "window"}};
+inline constexpr detail::Named<Side> side_names[] = {{Side::Row, "row"}, {Side::Col, "col"}};
 
-inline const char* to_string(Basis basis) {
-  switch (basis) {
-    case Basis::First: return "first";
-    case Basis::Last: return "last";
-    case Basis::ResidualMin: return "residual-min";
-    case Basis::OffsetSearch: return "offset-search";
-    case Basis::Pivoted: return "pivoted";
-    case Basis::Auto: return "auto";
-    case Basis::Window: return "window";
-  }
-  return "?";
-}
+inline const char* to_string(Basis basis) { return detail::name_in(basis_names, basis); }
 
 /// Parses the names printed by to_string (the command-line spelling).
-inline Basis parse_basis(std::string_view name) {
-  for (Basis b : {Basis::First, Basis::Last, Basis::ResidualMin, Basis::OffsetSearch, Basis::Pivoted,
-                  Basis::Auto, Basis::Window}) {
-    if (name == to_string(b)) return b;
-  }
-  throw RangeError(detail::message("unknown basis strategy '", name,
-                                   "': expected first, last, residual-min, offset-search, pivoted, auto or window"));
-}
+inline Basis parse_basis(std::string_view name) { return detail::parse_in(basis_names, name, "basis strategy"); }
 
-inline Side parse_side(std::string_view name) {
-  if (name == "row") return Side::Row;
-  if (name == "col") return Side::Col;
-  throw RangeError(detail::message("unknown side '", name, "': expected row or col"));
-}
+inline const char* to_string(Side side) { return detail::name_in(side_names, side); }
+inline Side parse_side(std::string_view name) { return detail::parse_in(side_names, name, "side"); }
 
 }  // namespace bd

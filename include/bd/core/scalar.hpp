@@ -74,22 +74,16 @@ constexpr Storage storage_of() {
   else return Storage::BF16;
 }
 
-inline const char* to_string(Storage s) {
-  switch (s) {
-    case Storage::F64: return scalar_traits<double>::name;
-    case Storage::F32: return scalar_traits<float>::name;
-    case Storage::F16: return scalar_traits<Eigen::half>::name;
-    case Storage::BF16: return scalar_traits<Eigen::bfloat16>::name;
-  }
-  return "?";
-}
+/// Each storage type's name, the scalar's own (scalar_traits<S>::name).
+inline constexpr detail::Named<Storage> storage_names[] = {{Storage::F64, scalar_traits<double>::name},
+                                                           {Storage::F32, scalar_traits<float>::name},
+                                                           {Storage::F16, scalar_traits<Eigen::half>::name},
+                                                           {Storage::BF16, scalar_traits<Eigen::bfloat16>::name}};
+
+inline const char* to_string(Storage s) { return detail::name_in(storage_names, s); }
 
 /// "f64", "f32", "f16" or "bf16"; anything else throws RangeError naming the four.
-inline Storage parse_storage(const std::string& name) {
-  for (Storage s : all_storages)
-    if (name == to_string(s)) return s;
-  throw RangeError(detail::message("unknown storage type '", name, "': expected f64, f32, f16 or bf16"));
-}
+inline Storage parse_storage(const std::string& name) { return detail::parse_in(storage_names, name, "storage type"); }
 
 /// A type as a value, for generic lambdas: `dispatch(s, [&](auto t) { using S = typename decltype(t)::type; … })`.
 template <typename T>

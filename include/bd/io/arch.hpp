@@ -4,25 +4,16 @@
 #include <string>
 
 #include "bd/base/error.hpp"
+#include "bd/base/names.hpp"
 
 namespace bd::io {
 
 enum class Arch { GPT2, BERT, LLaMA, DeepSeekV2 };
 
-inline const char* to_string(Arch a) {
-  switch (a) {
-    case Arch::GPT2: return "gpt2";
-    case Arch::BERT: return "bert";
-    case Arch::LLaMA: return "llama";
-    case Arch::DeepSeekV2: return "deepseek-v2";
-  }
-  return "?";
-}
+inline constexpr bd::detail::Named<Arch> arch_names[] = {
+    {Arch::GPT2, "gpt2"}, {Arch::BERT, "bert"}, {Arch::LLaMA, "llama"}, {Arch::DeepSeekV2, "deepseek-v2"}};
 
-inline Arch parse_arch(const std::string& s) {
-  for (Arch a : {Arch::GPT2, Arch::BERT, Arch::LLaMA, Arch::DeepSeekV2})
-    if (s == to_string(a)) return a;
-  throw RangeError("unknown architecture '" + s + "': expected gpt2, bert, llama or deepseek-v2");
-}
+inline const char* to_string(Arch a) { return bd::detail::name_in(arch_names, a); }
+inline Arch parse_arch(const std::string& s) { return bd::detail::parse_in(arch_names, s, "architecture"); }
 
 }  // namespace bd::io

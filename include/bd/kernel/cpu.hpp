@@ -15,12 +15,15 @@
 // use_isa() does the same.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "bd/base/error.hpp"
+#include "bd/base/names.hpp"
 
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) && !defined(BD_NO_DISPATCH)
 #define BD_KERNEL_X86 1
@@ -41,13 +44,10 @@ enum class Isa {
   avx512 [[deprecated("spelled Isa::AVX512 since bd 0.2")]] = AVX512,
 };
 
-inline const char* to_string(Isa isa) {
-  switch (isa) {
-    case Isa::AVX512: return "avx512";
-    case Isa::AVX2: return "avx2";
-    default: return "portable";
-  }
-}
+/// The names BD_CPU takes and reports print (base/names.hpp).
+inline constexpr bd::detail::Named<Isa> isa_names[] = {{Isa::Portable, "portable"}, {Isa::AVX2, "avx2"}, {Isa::AVX512, "avx512"}};
+
+inline const char* to_string(Isa isa) { return bd::detail::name_in(isa_names, isa); }
 
 /// Whether this CPU (and OS) can run the kernels of `isa`. The compiler's CPU model checks the
 /// OS's XCR0 bits too, so a kernel never faults on a CPU whose OS does not save zmm registers.
@@ -95,12 +95,11 @@ inline std::string cpu_isas() {
 
 /// Parses "portable", "avx2" or "avx512"; throws RangeError otherwise or when the CPU lacks it.
 inline Isa parse_isa(const char* name, const char* source) {
-  Isa isa;
-  if (std::strcmp(name, "portable") == 0) isa = Isa::Portable;
-  else if (std::strcmp(name, "avx2") == 0) isa = Isa::AVX2;
-  else if (std::strcmp(name, "avx512") == 0) isa = Isa::AVX512;
-  else
-    throw RangeError(bd::detail::message(source, " is '", name, "': expected portable, avx2 or avx512"));
+  const auto* entry = std::find_if(std::begin(isa_names), std::end(isa_names),
+                                   [&](const auto& e) { return std::strcmp(name, e.second) == 0; });
+  if (entry == std::end(isa_names))
+    throw RangeError(bd::detail::message(source, " is '", name, "': expected ", bd::detail::names_in(isa_names)));
+  const Isa isa = entry->first;
   if (!cpu_has(isa))
     throw RangeError(bd::detail::message(source, " asks for ", name, ", which this CPU lacks (it runs: ", cpu_isas(), ")"));
   return isa;

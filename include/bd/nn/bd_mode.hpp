@@ -6,19 +6,16 @@
 #include <string>
 
 #include "bd/base/error.hpp"
+#include "bd/base/names.hpp"
 
 namespace bd::nn {
 
 /// Which products of an attention layer are decomposed.
 enum class Mode { QK, VO, QKVO };
 
-inline const char* to_string(Mode m) { return m == Mode::QK ? "qk" : m == Mode::VO ? "vo" : "qkvo"; }
-inline Mode parse_mode(const std::string& s) {
-  if (s == "qk") return Mode::QK;
-  if (s == "vo") return Mode::VO;
-  if (s == "qkvo") return Mode::QKVO;
-  throw RangeError("unknown attention mode '" + s + "': expected qk, vo or qkvo");
-}
+inline constexpr bd::detail::Named<Mode> mode_names[] = {{Mode::QK, "qk"}, {Mode::VO, "vo"}, {Mode::QKVO, "qkvo"}};
+inline const char* to_string(Mode m) { return bd::detail::name_in(mode_names, m); }
+inline Mode parse_mode(const std::string& s) { return bd::detail::parse_in(mode_names, s, "attention mode"); }
 inline bool has_qk(Mode m) { return m != Mode::VO; }
 inline bool has_vo(Mode m) { return m != Mode::QK; }
 
@@ -35,11 +32,8 @@ enum class Windows {
   per_group [[deprecated("spelled Windows::PerGroup since bd 0.2")]] = PerGroup,
   per_head [[deprecated("spelled Windows::PerHead since bd 0.2")]] = PerHead,
 };
-inline const char* to_string(Windows w) { return w == Windows::PerGroup ? "per-group" : "per-head"; }
-inline Windows parse_windows(const std::string& s) {
-  if (s == "per-group") return Windows::PerGroup;
-  if (s == "per-head") return Windows::PerHead;
-  throw RangeError("unknown windows '" + s + "': expected per-group or per-head");
-}
+inline constexpr bd::detail::Named<Windows> windows_names[] = {{Windows::PerGroup, "per-group"}, {Windows::PerHead, "per-head"}};
+inline const char* to_string(Windows w) { return bd::detail::name_in(windows_names, w); }
+inline Windows parse_windows(const std::string& s) { return bd::detail::parse_in(windows_names, s, "windows"); }
 
 }  // namespace bd::nn
