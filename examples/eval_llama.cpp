@@ -15,7 +15,7 @@
 // --max-logit-error E makes it a check: exit 1 when the BD model's logit error exceeds E, or when
 // there is no reference to measure it against.
 #include <bd/io/bd_checkpoint.hpp>
-#include <bd/io/hf_llama.hpp>
+#include <bd/io/llama.hpp>
 #include <bd/nn/metrics.hpp>
 
 #include <cstdio>

@@ -10,7 +10,7 @@
 // The cost model's refusals are bd-convert's. On a GQA model BD chooses one window per key/value
 // head by default, so V' and the cache keep the dense model's heads; with --windows per-head each
 // query head gets its own V' (more cache, more work), refused unless --force. Exit 1 on any error.
-#include <bd/io/hf_llama.hpp>
+#include <bd/io/llama.hpp>
 #include <bd/io/tokenizer.hpp>
 #include <bd/nn/llama.hpp>
 #include <bd/nn/metrics.hpp>
@@ -112,8 +112,8 @@ int run(const Args& a) {
   std::ifstream config(a.dir + "/config.json");
   const long context = nlohmann::json::parse(config).value("max_position_embeddings", 0L);
   if (context > 0 && long(prompt.size()) + a.tokens > context)
-    throw bd::RangeError(bd::detail::message("the prompt's ", prompt.size(), " tokens and ", a.tokens,
-                                             " more exceed the model's context of ", context, " (max_position_embeddings)"));
+    throw bd::RangeError("the prompt's " + std::to_string(prompt.size()) + " tokens and " + std::to_string(a.tokens) +
+                         " more exceed the model's context of " + std::to_string(context) + " (max_position_embeddings)");
   const std::vector<int> text = tokenizer.encode(kText);
   const Run d = generate(dense, prompt, a.tokens, text);
   const Run b = generate(bd_model, prompt, a.tokens, text);

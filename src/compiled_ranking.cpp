@@ -5,9 +5,13 @@
 #include <bd/core/factored_product.hpp>
 #include <bd/core/strategy.hpp>
 
-namespace bd::detail {
+namespace bd::ranking {
 BD_FACTORED_PRODUCT_INSTANTIATIONS(template)
 BD_BASIS_SELECTION_INSTANTIATIONS(template)
+BD_SCREEN_INSTANTIATIONS(template)
+}  // namespace bd::ranking
+
+namespace bd::detail {
 BD_STRATEGY_INSTANTIATIONS(template)
 BD_COEFFICIENT_FIT_INSTANTIATIONS(template)
 }  // namespace bd::detail

@@ -6,7 +6,7 @@
 
 #include <bd/io/bd_checkpoint.hpp>
 #include <bd/io/convert.hpp>
-#include <bd/io/hf_llama.hpp>
+#include <bd/io/llama.hpp>
 
 #include "support.hpp"
 

@@ -1,6 +1,6 @@
 // The real model, end to end: stories260K's dense forward reproduces its reference logits, and
 // BD attention changes them no more than storing the model in the type does.
-#include <bd/io/hf_llama.hpp>
+#include <bd/io/llama.hpp>
 #include <bd/nn/metrics.hpp>
 
 #include <map>

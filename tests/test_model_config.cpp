@@ -5,7 +5,7 @@
 // bd::io and must agree to 1e-12. Every config feature bd does not implement is refused by name.
 #include <bd/io/bd_checkpoint.hpp>
 #include <bd/io/convert.hpp>
-#include <bd/io/hf_llama.hpp>
+#include <bd/io/llama.hpp>
 #include <bd/io/model_config.hpp>
 
 #include <cmath>

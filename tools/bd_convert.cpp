@@ -1,10 +1,12 @@
 // bd-convert — converts a Hugging Face checkpoint's attention to Basis Decomposition form.
 //
-//   bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f64|f32|f16|bf16]
-//              [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]
-//              [--windows per-group|per-head] [--latent-window-last] [--force] [--quiet]
+//   bd-convert --arch ARCH --mode MODE [--dtype TYPE] [--basis BASIS] [--align N]
+//              [--windows WINDOWS] [--latent-window-last] [--force] [--quiet]
 //              [--report FILE.json] INPUT OUTPUT
 //   bd-convert --demo [--layers N]
+//
+// The names each option takes come from the library's tables (arch_names, mode_names,
+// storage_names, basis_names, windows_names) and are listed by --help.
 //
 // INPUT is a Hugging Face model folder (config.json and model.safetensors, or shards with
 // model.safetensors.index.json). OUTPUT ending in .safetensors is one file; otherwise a new
@@ -19,26 +21,40 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "synthetic_deepseek.hpp"  // demo data (examples/)
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: bd-convert --arch gpt2|bert|llama|deepseek-v2 --mode qk|vo|qkvo [--dtype f64|f32|f16|bf16]\n"
-    "                  [--basis first|last|residual-min|offset-search|pivoted|auto] [--align N]\n"
-    "                  [--windows per-group|per-head] [--latent-window-last] [--force] [--quiet]\n"
-    "                  [--report FILE.json] INPUT OUTPUT\n"
-    "       bd-convert --demo [--layers N]\n"
-    "INPUT is a model folder: config.json and model.safetensors, or shards listed by\n"
-    "model.safetensors.index.json. OUTPUT ending in .safetensors is one file; otherwise a new\n"
-    "folder with the same shards, a new index and config.json (with a \"bd\" record).\n"
-    "--latent-window-last (deepseek-v2, mode qkvo): reorder each layer's latent channels so the\n"
-    "QK window is last, making K' one GEMM call on a GPU (kv_a_proj and its norm written reordered).\n"
-    "--windows (grouped-query attention): per-group (default) chooses one window per key/value\n"
-    "head, so K'/V' and the KV cache keep the dense model's heads; per-head one per query head.\n";
+/// An option's names, "a|b|c", from the library's table of them; `skip` is left out.
+template <typename E, std::size_t N>
+std::string choices(const std::pair<E, const char*> (&table)[N], std::optional<E> skip = std::nullopt) {
+  std::string out;
+  for (const auto& [value, name] : table)
+    if (value != skip) out += (out.empty() ? "" : "|") + std::string(name);
+  return out;
+}
+
+std::string usage() {
+  // --basis window takes the window at Options::offset, which bd-convert does not set: not offered.
+  return "usage: bd-convert --arch " + choices(bd::io::arch_names) + " --mode " + choices(bd::nn::mode_names) +
+         " [--dtype " + choices(bd::storage_names) + "]\n"
+         "                  [--basis " + choices(bd::basis_names, std::optional(bd::Basis::Window)) + "] [--align N]\n"
+         "                  [--windows " + choices(bd::nn::windows_names) + "] [--latent-window-last] [--force] [--quiet]\n"
+         "                  [--report FILE.json] INPUT OUTPUT\n"
+         "       bd-convert --demo [--layers N]\n"
+         "INPUT is a model folder: config.json and model.safetensors, or shards listed by\n"
+         "model.safetensors.index.json. OUTPUT ending in .safetensors is one file; otherwise a new\n"
+         "folder with the same shards, a new index and config.json (with a \"bd\" record).\n"
+         "--latent-window-last (deepseek-v2, mode qkvo): reorder each layer's latent channels so the\n"
+         "QK window is last, making K' one GEMM call on a GPU (kv_a_proj and its norm written reordered).\n"
+         "--windows (grouped-query attention): per-group (default) chooses one window per key/value\n"
+         "head, so K'/V' and the KV cache keep the dense model's heads; per-head one per query head.\n";
+}
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -186,7 +202,7 @@ int main(int argc, char** argv) {
       else if (a == "--demo") run_demo = true;
       else if (a == "--layers") demo_layers = std::atoi(value().c_str());
       else if (a == "--help" || a == "-h") {
-        std::printf("%s", kUsage);
+        std::printf("%s", usage().c_str());
         return 0;
       } else if (!a.empty() && a[0] == '-') throw UsageError("unknown option " + a);
       else if (input.empty()) input = a;
@@ -200,10 +216,10 @@ int main(int argc, char** argv) {
       if (input.empty() || output.empty()) throw UsageError("INPUT and OUTPUT are required");
     }
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "bd-convert: %s\n%s", e.what(), kUsage);
+    std::fprintf(stderr, "bd-convert: %s\n%s", e.what(), usage().c_str());
     return 2;
   } catch (const bd::Error& e) {  // an unknown --arch, --mode, --dtype or --basis name
-    std::fprintf(stderr, "bd-convert: %s\n%s", e.what(), kUsage);
+    std::fprintf(stderr, "bd-convert: %s\n%s", e.what(), usage().c_str());
     return 2;
   }
 

@@ -34,11 +34,18 @@ std::string names_in(const Named<E> (&table)[N], const char* separator = ", ", c
   return out;
 }
 
+/// The entry named `name`, or nullptr: for callers whose refusal is not parse_in's.
+template <typename E, std::size_t N>
+constexpr const Named<E>* find_in(const Named<E> (&table)[N], std::string_view name) {
+  for (const auto& entry : table)
+    if (name == entry.second) return &entry;
+  return nullptr;
+}
+
 /// The enumerator named `name`; RangeError "unknown <what> 'name': expected a, b or c" otherwise.
 template <typename E, std::size_t N>
 E parse_in(const Named<E> (&table)[N], std::string_view name, const char* what) {
-  for (const auto& entry : table)
-    if (name == entry.second) return entry.first;
+  if (const Named<E>* entry = find_in(table, name)) return entry->first;
   throw RangeError(message("unknown ", what, " '", name, "': expected ", names_in(table)));
 }
 

@@ -29,7 +29,7 @@
 #include "bd/kernel/pivoted_qr.hpp"
 #include "bd/kernel/small_lu.hpp"
 
-namespace bd::detail {
+namespace bd::ranking {
 
 /// Below this reciprocal condition number (1-norm estimate) a basis block is singular in the
 /// double precision preparation runs in: C would carry no correct digit.
@@ -63,7 +63,7 @@ inline std::vector<Index> candidate_offsets(Basis basis, Index m, Index r, Index
   switch (basis) {
     case Basis::Window:
       if (offset < 0 || offset > last)
-        throw RangeError(message("Options::offset ", offset, " puts the window outside the ", m,
+        throw RangeError(bd::detail::message("Options::offset ", offset, " puts the window outside the ", m,
                                  " rows (columns): expected 0 <= offset <= ", last));
       return {offset};
     case Basis::First: return {0};
@@ -213,4 +213,8 @@ BD_DEFERRED std::vector<Index> pivoted_indices(const FactoredProduct& p, Workspa
 BD_BASIS_SELECTION_INSTANTIATIONS(extern template)
 #endif
 
+}  // namespace bd::ranking
+
+namespace bd::detail {
+using namespace bd::ranking;  // preparation's stages call the ranking stage's pieces unqualified
 }  // namespace bd::detail

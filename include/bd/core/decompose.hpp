@@ -377,17 +377,4 @@ BD_DECOMPOSE_INSTANTIATIONS(extern template)
 #endif
 }  // namespace detail
 
-/// The ranking stage's pieces, public for those who test or extend it: a product factored for
-/// ranking, the candidate windows, a window's score and auto's screen (a lower bound on every
-/// window's mean estimate from a few products).
-namespace ranking {
-using detail::candidate_offsets;
-using detail::contiguous;
-using detail::factor_product;
-using detail::FactoredProduct;
-using detail::score_window;
-using detail::screened_window_bound;
-using detail::sketch_matrix;
-}  // namespace ranking
-
 }  // namespace bd

@@ -27,7 +27,10 @@
 #include "bd/kernel/inverse.hpp"
 #include "bd/kernel/matmul.hpp"
 
-namespace bd::detail {
+/// The ranking stage, public for those who test or extend it: a product factored for ranking
+/// (this file), the candidate windows and a window's score (basis_selection.hpp), auto's screen
+/// (strategy.hpp). The rest of preparation is bd::detail's.
+namespace bd::ranking {
 
 struct FactoredProduct {
   Eigen::MatrixXd U;          ///< m×r, the factor on the basis side
@@ -121,7 +124,7 @@ BD_DEFERRED void factor_in_place(FactoredProduct& p, Workspace& ws) {
   if (!cholesky_qr(U, p.Q, ws)) {
     Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(U);
     if (qr.rank() < r)
-      throw SingularBasisError(message(p.name, ": the basis-side factor (", m, "x", r, ") has numerical rank ", qr.rank(),
+      throw SingularBasisError(bd::detail::message(p.name, ": the basis-side factor (", m, "x", r, ") has numerical rank ", qr.rank(),
                                        " < r = ", r, ", so every choice of ", r,
                                        " basis rows is singular (a zero, pruned or tied head?); leave it dense "
                                        "or use a smaller rank"));
@@ -211,4 +214,8 @@ BD_DEFERRED void row_geometry_transposed(const FactoredProduct& p, Eigen::Matrix
 BD_FACTORED_PRODUCT_INSTANTIATIONS(extern template)
 #endif
 
+}  // namespace bd::ranking
+
+namespace bd::detail {
+using namespace bd::ranking;  // preparation's stages call the ranking stage's pieces unqualified
 }  // namespace bd::detail

@@ -216,6 +216,10 @@ inline std::string describe(const Choice& c, Index m, Index r) {
 /// the margin the window is fitted and its exact error decides.
 inline constexpr double auto_hopeless = 10.0;
 
+}  // namespace bd::detail
+
+namespace bd::ranking {
+
 /// Auto's screen before ranking windows on every product: a lower bound on each window's mean
 /// estimate from the exact rounding models of a few products (in units of u²/3, like
 /// WindowScore::model; `limit` too). Every product's term of the mean
@@ -239,12 +243,12 @@ BD_DEFERRED double screened_window_bound(const std::vector<FactoredProduct>& ps,
   for (Index k = 0; k < heads / 4; ++k) {
     const Index h = k * heads / (heads / 4);
     const FactoredProduct& p = ps[static_cast<std::size_t>(h)];
-    parallel_for(windows, [&](Index w) {
+    detail::parallel_for(windows, [&](Index w) {
       double& b = bound[static_cast<std::size_t>(w)];
       if (!(b < std::numeric_limits<double>::infinity())) return;
       const WindowScore score = score_window(p, contiguous(offsets[static_cast<std::size_t>(w)], r), true, ws);
       b = score.singular() ? std::numeric_limits<double>::infinity()
-                           : b + relative(score.model, p.norm2) / static_cast<double>(heads);
+                           : b + detail::relative(score.model, p.norm2) / static_cast<double>(heads);
     });
     used = k + 1;
     const double lowest = *std::min_element(bound.begin(), bound.end());
@@ -252,6 +256,17 @@ BD_DEFERRED double screened_window_bound(const std::vector<FactoredProduct>& ps,
   }
   return -1;
 }
+
+/// The instantiation bd::compiled holds (src/compiled_ranking.cpp).
+#define BD_SCREEN_INSTANTIATIONS(prefix) \
+  prefix double screened_window_bound<>(const std::vector<FactoredProduct>&, const Options&, double, Index&, Workspace&);
+#ifdef BD_COMPILED_LIB
+BD_SCREEN_INSTANTIATIONS(extern template)
+#endif
+
+}  // namespace bd::ranking
+
+namespace bd::detail {
 
 /// The strategy's outcome for a set of products.
 template <typename Scalar>
@@ -381,8 +396,7 @@ Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::
   prefix std::optional<Choice> choose_window<>(const std::vector<FactoredProduct>&, Basis, const Options&, Workspace&, \
                                                std::string&);                                                         \
   prefix Choice require_window<>(const std::vector<FactoredProduct>&, Basis, const Options&, Workspace&);              \
-  prefix Choice choose_pivoted<>(const std::vector<FactoredProduct>&, Workspace&);                                     \
-  prefix double screened_window_bound<>(const std::vector<FactoredProduct>&, const Options&, double, Index&, Workspace&);
+  prefix Choice choose_pivoted<>(const std::vector<FactoredProduct>&, Workspace&);
 #define BD_RUN_STRATEGY_INSTANTIATIONS(prefix) \
   BD_RUN_STRATEGY(prefix, double)              \
   BD_RUN_STRATEGY(prefix, float)               \

@@ -16,7 +16,7 @@
 #include "bd/core/scalar.hpp"
 #include "bd/io/bd_format.hpp"
 #include "bd/io/checkpoint.hpp"
-#include "bd/io/hf_llama.hpp"
+#include "bd/io/llama.hpp"
 #include "bd/io/model_folder.hpp"
 #include "bd/nn/bd_attention.hpp"
 

@@ -15,11 +15,8 @@
 // use_isa() does the same.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
-#include <iterator>
 #include <string>
 
 #include "bd/base/error.hpp"
@@ -95,9 +92,8 @@ inline std::string cpu_isas() {
 
 /// Parses "portable", "avx2" or "avx512"; throws RangeError otherwise or when the CPU lacks it.
 inline Isa parse_isa(const char* name, const char* source) {
-  const auto* entry = std::find_if(std::begin(isa_names), std::end(isa_names),
-                                   [&](const auto& e) { return std::strcmp(name, e.second) == 0; });
-  if (entry == std::end(isa_names))
+  const auto* entry = bd::detail::find_in(isa_names, name);
+  if (!entry)
     throw RangeError(bd::detail::message(source, " is '", name, "': expected ", bd::detail::names_in(isa_names)));
   const Isa isa = entry->first;
   if (!cpu_has(isa))

@@ -32,6 +32,7 @@
 
 #include "bd/base/error.hpp"
 #include "bd/base/index.hpp"
+#include "bd/base/names.hpp"
 
 namespace bd::nn {
 
@@ -47,16 +48,14 @@ enum class RopeType {
   yarn [[deprecated("spelled RopeType::Yarn since bd 0.2")]] = Yarn,
 };
 
-inline const char* to_string(RopeType t) {
-  switch (t) {
-    case RopeType::Standard: return "default";
-    case RopeType::Linear: return "linear";
-    case RopeType::Dynamic: return "dynamic";
-    case RopeType::Llama3: return "llama3";
-    case RopeType::Yarn: return "yarn";
-  }
-  return "?";
-}
+/// Each scheme by its name in Hugging Face's configs (rope_scaling.rope_type; plain RoPE is "default").
+inline constexpr bd::detail::Named<RopeType> rope_type_names[] = {{RopeType::Standard, "default"},
+                                                                  {RopeType::Linear, "linear"},
+                                                                  {RopeType::Dynamic, "dynamic"},
+                                                                  {RopeType::Llama3, "llama3"},
+                                                                  {RopeType::Yarn, "yarn"}};
+
+inline const char* to_string(RopeType t) { return bd::detail::name_in(rope_type_names, t); }
 
 /// A RoPE scheme's parameters (the config's rope_scaling); the default is plain RoPE.
 struct RopeScaling {
