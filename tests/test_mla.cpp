@@ -6,6 +6,7 @@
 #include <numeric>
 #include <random>
 
+#include <bd/nn/dense_linear.hpp>
 #include <bd/nn/latent_permutation.hpp>
 
 using bd::nn::BDAttention;
@@ -218,4 +219,38 @@ TEST_CASE("MLA latent reordering refuses what it cannot do, with a message", "[m
   bd_test::LayerSpec plain;
   const auto mha = BDAttention<double>::prepare(bd_test::random_attention(plain, 4), allow);
   BD_CHECK_THROWS_CONTAINING(bd::nn::latent_window_last(mha), bd::RefusedError, Contains("needs an MLA layer"));
+}
+
+TEST_CASE("a layer given a workspace runs its kernels there: its buffers, the same outputs bit for bit", "[mla][workspace]") {
+  const auto layer = bd_test::random_attention(mla(true), 7);
+  const auto bd = BDAttention<double>::prepare(layer, BDAttentionOptions{}.with_cost_policy(bd::nn::CostPolicy::Allow));
+  const bd::nn::DenseLinear<double> linear(bd_test::gaussian(40, 24, 24));
+  const Eigen::MatrixXd x = bd_test::gaussian(6, 40, 23);
+  bd::Workspace ws;
+  // Each call given an emptied workspace, with the process's emptied too: its packing and
+  // attention scratch must land in the one given, and not one step below the call may fall back
+  // to the process's (which would then hold a thread's buffers); then it must compute what the
+  // call given no workspace computes.
+  const auto check = [&](const char* what, const auto& on_default, const auto& on_given) {
+    INFO(what);
+    ws.release();
+    bd::default_workspace().release();  // nothing else runs in this process meanwhile
+    const Eigen::MatrixXd got = on_given();
+    CHECK(ws.threads() >= 1);
+    CHECK(bd::default_workspace().threads() == 0);
+    const Eigen::MatrixXd expected = on_default();
+    CHECK(got == expected);
+  };
+  check("dense forward", [&] { return layer.forward(x); }, [&] { return layer.forward(x, ws); });
+  check("BD forward", [&] { return bd.forward(x); }, [&] { return bd.forward(x, ws); });
+  check("linear forward", [&] { return linear.forward(x); }, [&] { return linear.forward(x, ws); });
+  bd::nn::LatentCache<double> c1, c2, c3, c4;
+  check("BD prefill (recompute)", [&] { return bd.prefill(x, c1, bd::nn::PrefillPath::Recompute); },
+        [&] { return bd.prefill(x, c2, bd::nn::PrefillPath::Recompute, ws); });
+  check("BD absorbed decoding", [&] { return bd.decode_absorbed(x.topRows(2), c3); },
+        [&] { return bd.decode_absorbed(x.topRows(2), c4, ws); });
+  const auto plain = bd_test::random_attention(bd_test::LayerSpec{}, 8);
+  const Eigen::MatrixXd xp = bd_test::gaussian(5, 48, 25);
+  bd::nn::KVCache<double> k1, k2;
+  check("cached decoding", [&] { return plain.decode(xp, k1); }, [&] { return plain.decode(xp, k2, ws); });
 }

@@ -73,10 +73,10 @@ void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Ind
 /// thread, is what this replaces). x (rows × depth) and out are column-major in T; w is stored
 /// in S (T, or half / bfloat16, converted while it is packed: no widened copy of a weight),
 /// depth × cols column-major, or with `transposed` its transpose cols × depth read in place.
-/// bias: cols values the accumulators start from, or null. Same threads as gemm().
+/// bias: cols values the accumulators start from, or null. Same threads and workspace as gemm().
 template <typename T, typename S>
 void linear_into(const T* x, Index ldx, Index rows, Index depth, const S* w, Index ldw, bool transposed, Index cols,
-                 const T* bias, T* out, Index ldo, int threads = 0) {
+                 const T* bias, T* out, Index ldo, int threads = 0, Workspace& ws = default_workspace()) {
   if (rows == 0 || cols == 0) return;
   std::vector<Index> channels(static_cast<std::size_t>(depth));
   std::iota(channels.begin(), channels.end(), Index(0));
@@ -87,7 +87,7 @@ void linear_into(const T* x, Index ldx, Index rows, Index depth, const S* w, Ind
   args.out = out, args.ldo = ldo;
   args.init_values = bias;
   args.segments.push_back({channels.data(), depth, 0, cols});
-  gemm(args, {}, threads);
+  gemm(args, {}, threads, ws);
 }
 
 namespace detail {

@@ -66,9 +66,9 @@ bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, cons
 /// product. Operands are read where they lie (a cache's rows too).
 template <typename A>
 MatrixA<A> attend(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const AttendSpec& s,
-                  const ConstRef<A>* Qr = nullptr, const ConstRef<A>* Kr = nullptr) {
+                  const ConstRef<A>* Qr = nullptr, const ConstRef<A>* Kr = nullptr, Workspace& ws = default_workspace()) {
   MatrixA<A> O(Q.rows(), s.n_q * s.d_v);
-  bd::kernel::flash_attention(detail::attention_arguments<A>(Q, K, V, s, Qr, Kr, O));
+  bd::kernel::flash_attention(detail::attention_arguments<A>(Q, K, V, s, Qr, Kr, O), 0, ws);
   return O;
 }
 
@@ -78,8 +78,9 @@ MatrixA<A> attend(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>&
 template <typename A>
 class StreamedAttention {
 public:
-  StreamedAttention(Index queries, const AttendSpec& spec)
-      : spec_(spec),
+  StreamedAttention(Index queries, const AttendSpec& spec, Workspace& ws = default_workspace())
+      : ws_(&ws),
+        spec_(spec),
         O_(MatrixA<A>::Zero(queries, spec.n_q * spec.d_v)),
         max_(static_cast<std::size_t>(queries * spec.n_q), -std::numeric_limits<A>::infinity()),
         sum_(max_.size(), A(0)) {}
@@ -91,7 +92,7 @@ public:
     s.first_key_position = first_key;
     auto a = detail::attention_arguments<A>(Q, K, V, s, Qr, Kr, O_);
     a.row_max = max_.data(), a.row_sum = sum_.data();
-    bd::kernel::flash_attention(a);
+    bd::kernel::flash_attention(a, 0, *ws_);
     last_ = a;
     seen_ = true;
   }
@@ -104,6 +105,7 @@ public:
   }
 
 private:
+  Workspace* ws_;
   AttendSpec spec_;
   MatrixA<A> O_;
   std::vector<A> max_, sum_;

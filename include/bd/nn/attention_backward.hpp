@@ -36,14 +36,14 @@ namespace bd::nn {
 /// (lse[h·L_q + t]): what attend_backward needs to recompute the probabilities.
 template <typename A>
 MatrixA<A> attend_with_lse(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const AttendSpec& s,
-                           std::vector<A>& lse) {
+                           std::vector<A>& lse, Workspace& ws = default_workspace()) {
   if (s.d_rope) throw RefusedError("attention backward: decoupled RoPE (MLA) is not implemented");
   MatrixA<A> O = MatrixA<A>::Zero(Q.rows(), s.n_q * s.d_v);
   lse.assign(static_cast<std::size_t>(Q.rows() * s.n_q), -std::numeric_limits<A>::infinity());
   std::vector<A> sum(lse.size(), A(0));
   auto a = detail::attention_arguments<A>(Q, K, V, s, nullptr, nullptr, O);
   a.row_max = lse.data(), a.row_sum = sum.data();
-  bd::kernel::flash_attention(a);
+  bd::kernel::flash_attention(a, 0, ws);
   bd::kernel::flash_attention_finish(a);
   for (std::size_t i = 0; i < lse.size(); ++i) lse[i] += std::log(sum[i]);
   return O;
@@ -58,7 +58,8 @@ struct AttentionInputGrads {
 /// dQ, dK, dV from dO, given the forward's Q, K, V, O and lse (attend_with_lse). Shapes as attend's.
 template <typename A>
 AttentionInputGrads<A> attend_backward(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& O,
-                                       const ConstRef<A>& dO, const std::vector<A>& lse, const AttendSpec& s) {
+                                       const ConstRef<A>& dO, const std::vector<A>& lse, const AttendSpec& s,
+                                       Workspace& ws = default_workspace()) {
   using M = MatrixA<A>;
   const Index Lq = Q.rows(), Lk = K.rows(), n_v = s.n_v ? s.n_v : s.n_k, dq = s.d_qk, dv = s.d_v;
   if (s.d_rope) throw RefusedError("attention backward: decoupled RoPE (MLA) is not implemented");
@@ -95,7 +96,7 @@ AttentionInputGrads<A> attend_backward(const ConstRef<A>& Q, const ConstRef<A>& 
       for (Index j0 = 0; j0 < k_end; j0 += Bk) {
         const Index bk = std::min(Bk, k_end - j0);
         S.resize(bq, bk);
-        bd::kernel::matmul_into(Qh.middleRows(i0, bq), Kg.middleRows(j0, bk).transpose(), S);
+        bd::kernel::matmul_into(Qh.middleRows(i0, bq), Kg.middleRows(j0, bk).transpose(), S, ws);
         for (Index j = 0; j < bk; ++j)
           for (Index i = 0; i < bq; ++i) {
             const Index t = i0 + i;
@@ -104,16 +105,16 @@ AttentionInputGrads<A> attend_backward(const ConstRef<A>& Q, const ConstRef<A>& 
           }
         // S now holds P.
         auto dV_block = dVh.middleRows(j0, bk);
-        bd::kernel::matmul_add_into(S.transpose(), dOh.middleRows(i0, bq), dV_block);
+        bd::kernel::matmul_add_into(S.transpose(), dOh.middleRows(i0, bq), dV_block, ws);
         dP.resize(bq, bk);
-        bd::kernel::matmul_into(dOh.middleRows(i0, bq), Vg.middleRows(j0, bk).transpose(), dP);
+        bd::kernel::matmul_into(dOh.middleRows(i0, bq), Vg.middleRows(j0, bk).transpose(), dP, ws);
         for (Index j = 0; j < bk; ++j)
           for (Index i = 0; i < bq; ++i) S(i, j) *= (dP(i, j) - delta(i0 + i)) * A(s.scale);
         // S now holds dS.
         auto dQ_block = dQh.middleRows(i0, bq);
-        bd::kernel::matmul_add_into(S, Kg.middleRows(j0, bk), dQ_block);
+        bd::kernel::matmul_add_into(S, Kg.middleRows(j0, bk), dQ_block, ws);
         auto dK_block = dKh.middleRows(j0, bk);
-        bd::kernel::matmul_add_into(S.transpose(), Qh.middleRows(i0, bq), dK_block);
+        bd::kernel::matmul_add_into(S.transpose(), Qh.middleRows(i0, bq), dK_block, ws);
       }
     }
   }

@@ -18,13 +18,13 @@ namespace bd::nn::detail {
 
 /// x·W + b on the dispatched kernel (W stored in S, converted while packed; b empty: none).
 template <typename A, typename S>
-MatrixA<A> project(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b = {}) {
+MatrixA<A> project(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b, Workspace& ws) {
   if (x.cols() != W.rows())
     throw ShapeError(bd::detail::message("projection: input has ", x.cols(), " columns, the weight ", W.rows(), " rows"));
   MatrixA<A> y(x.rows(), W.cols());
   const Eigen::Matrix<A, Eigen::Dynamic, 1> bias = b.template cast<A>();
   bd::kernel::linear_into<A, S>(x.data(), x.outerStride(), x.rows(), x.cols(), W.data(), W.outerStride(), false, W.cols(),
-                                b.size() ? bias.data() : nullptr, y.data(), y.outerStride());
+                                b.size() ? bias.data() : nullptr, y.data(), y.outerStride(), 0, ws);
   return y;
 }
 
@@ -36,21 +36,22 @@ inline void require_attention_inputs(Index d_q, Index d_kv_in, Index x_cols, Ind
 
 /// RMSNorm(x·W)·g, or x·W without a gain: the MLA latent and the query LoRA.
 template <typename A, typename S>
-MatrixA<A> normed_projection(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& gain, double eps) {
-  MatrixA<A> p = project<A, S>(x, W);
+MatrixA<A> normed_projection(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& gain, double eps,
+                             Workspace& ws) {
+  MatrixA<A> p = project<A, S>(x, W, {}, ws);
   return gain.size() ? rms_norm<A>(p, gain.template cast<A>(), eps) : p;
 }
 
 /// The latent RMSNorm(x_kv·W_dkv)·g that an MLA layer's keys and values read (W_dkv set).
 template <typename A, typename S>
-MatrixA<A> latent(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_kv) {
-  return normed_projection<A, S>(x_kv, w.W_dkv, w.kv_norm, c.norm_eps);
+MatrixA<A> latent(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_kv, Workspace& ws) {
+  return normed_projection<A, S>(x_kv, w.W_dkv, w.kv_norm, c.norm_eps, ws);
 }
 
 /// The query LoRA's RMSNorm(x·W_qa)·g_q (W_qa set).
 template <typename A, typename S>
-MatrixA<A> lora_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x) {
-  return normed_projection<A, S>(x, w.W_qa, w.q_norm, c.norm_eps);
+MatrixA<A> lora_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x, Workspace& ws) {
+  return normed_projection<A, S>(x, w.W_qa, w.q_norm, c.norm_eps, ws);
 }
 
 /// Width of the query input x: W_qa's rows with a query LoRA, else Wq's.
@@ -61,18 +62,20 @@ Index query_input_dim(const AttentionWeights<S>& w) {
 
 /// The decoupled RoPE keys shared by all heads (MLA), rotated; empty without decoupled RoPE.
 template <typename A, typename S>
-MatrixA<A> rope_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_kv, Index first_position) {
+MatrixA<A> rope_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_kv, Index first_position,
+                     Workspace& ws) {
   if (c.rope_dim == 0) return MatrixA<A>(x_kv.rows(), 0);
-  MatrixA<A> kr = project<A, S>(x_kv, w.Wk_rope);
+  MatrixA<A> kr = project<A, S>(x_kv, w.Wk_rope, {}, ws);
   apply_rope(kr, 1, c.rope_dim, c.rope_dim_theta, c.rope_scaling, first_position);
   return kr;
 }
 
 /// The rotated decoupled RoPE queries rope(x_q·Wq_rope) (L × n_q·rope_dim); empty without.
 template <typename A, typename S>
-MatrixA<A> rope_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position) {
+MatrixA<A> rope_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position,
+                        Workspace& ws) {
   if (c.rope_dim == 0) return MatrixA<A>(xq.rows(), 0);
-  MatrixA<A> qr = project<A, S>(xq, w.Wq_rope);
+  MatrixA<A> qr = project<A, S>(xq, w.Wq_rope, {}, ws);
   apply_rope(qr, c.n_q, c.rope_dim, c.rope_dim_theta, c.rope_scaling, first_position);
   return qr;
 }
@@ -97,10 +100,10 @@ inline AttendSpec head_spec(const AttentionConfig& c, Index n_k, Index n_v, Inde
 template <typename A>
 MatrixA<A> attend_heads(const AttentionConfig& c, const ConstRef<A>& Q, const ConstRef<A>& Qr, const ConstRef<A>& K,
                         const ConstRef<A>& V, const ConstRef<A>& Kr, Index n_k, Index n_v, Index d_qk, Index d_v,
-                        Index first_position) {
+                        Index first_position, Workspace& ws) {
   const AttendSpec spec = head_spec(c, n_k, n_v, d_qk, d_v, first_position);
-  if (c.rope_dim == 0) return attend<A>(Q, K, V, spec);
-  return attend<A>(Q, K, V, spec, &Qr, &Kr);
+  if (c.rope_dim == 0) return attend<A>(Q, K, V, spec, nullptr, nullptr, ws);
+  return attend<A>(Q, K, V, spec, &Qr, &Kr, ws);
 }
 
 /// Absorbed decoding needs keys and values read from a latent (MLA) with no vanilla RoPE on
@@ -116,9 +119,10 @@ void require_latent_layer(const AttentionConfig& c, const AttentionWeights<S>& w
 
 /// Appends x_new's latents and rotated RoPE keys to the cache (positions start…).
 template <typename A, typename S>
-void append_latent(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_new, LatentCache<A>& cache) {
+void append_latent(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_new, LatentCache<A>& cache,
+                   Workspace& ws) {
   const Index start = cache.length();
-  cache.append(latent<A, S>(c, w, x_new), rope_keys<A, S>(c, w, x_new, start));
+  cache.append(latent<A, S>(c, w, x_new, ws), rope_keys<A, S>(c, w, x_new, start, ws));
 }
 
 }  // namespace bd::nn::detail

@@ -201,28 +201,28 @@ private:
   Mode cost_mode() const { return mode_; }
   bool decomposed() const { return true; }
 
-  Matrix queries(const Input& xq, Index first) const {
-    if (!has_qk(mode_)) return detail::dense_queries<A>(config_, dense_, xq, first);
-    Matrix Q = detail::project<A, S>(xq, Bq_, beta_);  // Q' = x·B + β
+  Matrix queries(const Input& xq, Index first, Workspace& ws) const {
+    if (!has_qk(mode_)) return detail::dense_queries<A>(config_, dense_, xq, first, ws);
+    Matrix Q = detail::project<A, S>(xq, Bq_, beta_, ws);  // Q' = x·B + β
     if (config_.rope_theta > 0) apply_rope(Q, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first);  // forced
     return Q;
   }
 
-  Matrix keys(const Input& z, Index first) const {
-    if (!has_qk(mode_)) return detail::dense_keys<A>(config_, dense_, z, first);
-    Matrix K = bd_project<A>(z, qk_idx_, Ck_);  // K'_h = z[S_h] + z[R_h]·C_hᵀ, h a head of K'
+  Matrix keys(const Input& z, Index first, Workspace& ws) const {
+    if (!has_qk(mode_)) return detail::dense_keys<A>(config_, dense_, z, first, ws);
+    Matrix K = bd_project<A>(z, qk_idx_, Ck_, {}, ws);  // K'_h = z[S_h] + z[R_h]·C_hᵀ, h a head of K'
     if (config_.rope_theta > 0) apply_rope(K, qk_idx_.heads(), config_.head_dim, config_.rope_theta, config_.rope_scaling, first);  // forced
     return K;
   }
 
-  Matrix values(const Input& z) const {
-    if (!has_vo(mode_)) return detail::dense_values<A>(dense_, z);
-    return bd_project<A>(z, vo_idx_, Cv_);  // V'_h = z[S_h] + z[R_h]·C_h
+  Matrix values(const Input& z, Workspace& ws) const {
+    if (!has_vo(mode_)) return detail::dense_values<A>(dense_, z, ws);
+    return bd_project<A>(z, vo_idx_, Cv_, {}, ws);  // V'_h = z[S_h] + z[R_h]·C_h
   }
 
-  Matrix output(const Input& O) const {
-    if (!has_vo(mode_)) return detail::dense_output<A>(dense_, O);
-    return detail::project<A, S>(O, Bo_, bo_);  // y = O'·B_vo + bo'
+  Matrix output(const Input& O, Workspace& ws) const {
+    if (!has_vo(mode_)) return detail::dense_output<A>(dense_, O, ws);
+    return detail::project<A, S>(O, Bo_, bo_, ws);  // y = O'·B_vo + bo'
   }
 
   // Backward (attention_layer.hpp), gradients in trainable()'s order. The four parts
@@ -253,44 +253,46 @@ private:
     for (int k = 0; k < p; ++k) i += all[std::size_t(k)].bias && all[std::size_t(k)].bias->size() ? 2 : 1;
     return i;
   }
-  Matrix dense_backward(int p, const Input& x, const Matrix& dY, std::vector<Matrix>& g) const {
+  Matrix dense_backward(int p, const Input& x, const Matrix& dY, std::vector<Matrix>& g, Workspace& ws) const {
     const Part part = parts()[std::size_t(p)];
     const std::size_t i = slot(p);
-    return detail::dense_projection_backward<A, S>(x, dY, *part.matrix, g[i], part.bias->size() ? &g[i + 1] : nullptr);
+    return detail::dense_projection_backward<A, S>(x, dY, *part.matrix, g[i], part.bias->size() ? &g[i + 1] : nullptr, ws);
   }
   // Q' = x·B + β and y = O'·B_vo + bo' are dense products; K' and V' are bd_project's.
-  Matrix output_backward(const Matrix& O, const Input& dy, std::vector<Matrix>& g) const { return dense_backward(3, O, dy, g); }
-  Matrix queries_backward(const Input& xq, Matrix dQ, Index first, std::vector<Matrix>& g) const {
-    if (config_.rope_theta > 0) apply_rope(dQ, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first, true);
-    return dense_backward(0, xq, dQ, g);
+  Matrix output_backward(const Matrix& O, const Input& dy, std::vector<Matrix>& g, Workspace& ws) const {
+    return dense_backward(3, O, dy, g, ws);
   }
-  Matrix keys_backward(const Input& z, Matrix dK, Index first, std::vector<Matrix>& g) const {
+  Matrix queries_backward(const Input& xq, Matrix dQ, Index first, std::vector<Matrix>& g, Workspace& ws) const {
+    if (config_.rope_theta > 0) apply_rope(dQ, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first, true);
+    return dense_backward(0, xq, dQ, g, ws);
+  }
+  Matrix keys_backward(const Input& z, Matrix dK, Index first, std::vector<Matrix>& g, Workspace& ws) const {
     if (!has_qk(mode_)) {
       detail::unrotate<A>(config_, dK, config_.n_kv, first);
-      return dense_backward(1, z, dK, g);
+      return dense_backward(1, z, dK, g, ws);
     }
     if (config_.rope_theta > 0) apply_rope(dK, qk_idx_.heads(), config_.head_dim, config_.rope_theta, config_.rope_scaling, first, true);
-    return bd_project_backward<A, S>(z, qk_idx_, Ck_, dK, g[slot(1)]);
+    return bd_project_backward<A, S>(z, qk_idx_, Ck_, dK, g[slot(1)], ws);
   }
-  Matrix values_backward(const Input& z, const Matrix& dV, std::vector<Matrix>& g) const {
-    if (!has_vo(mode_)) return dense_backward(2, z, dV, g);
-    return bd_project_backward<A, S>(z, vo_idx_, Cv_, dV, g[slot(2)]);
+  Matrix values_backward(const Input& z, const Matrix& dV, std::vector<Matrix>& g, Workspace& ws) const {
+    if (!has_vo(mode_)) return dense_backward(2, z, dV, g, ws);
+    return bd_project_backward<A, S>(z, vo_idx_, Cv_, dV, g[slot(2)], ws);
   }
 
   // Absorbed decoding over a latent (the file comment): the queries through the projection's
   // adjoint, the outputs through the projection itself, each head reading its own latent block.
-  Matrix absorb_queries(const Matrix& Q) const {
-    if (!has_qk(mode_)) return detail::dense_absorb_queries<A>(config_, dense_, Q);
-    return bd_adjoint_heads<A, S>(Q, config_.n_q, qk_idx_, Ck_);
+  Matrix absorb_queries(const Matrix& Q, Workspace& ws) const {
+    if (!has_qk(mode_)) return detail::dense_absorb_queries<A>(config_, dense_, Q, ws);
+    return bd_adjoint_heads<A, S>(Q, config_.n_q, qk_idx_, Ck_, ws);
   }
 
-  Matrix absorb_values(const Matrix& Ot) const {
-    if (!has_vo(mode_)) return detail::dense_absorb_values<A>(config_, dense_, Ot);
+  Matrix absorb_values(const Matrix& Ot, Workspace& ws) const {
+    if (!has_vo(mode_)) return detail::dense_absorb_values<A>(config_, dense_, Ot, ws);
     if (vo_idx_.heads() != config_.n_q)
       throw RefusedError("BDAttention: absorbed decoding over a latent with VO windows per key/value group of several query heads "
                          "is not implemented (MLA has one query head per latent head)");
     Matrix O(Ot.rows(), config_.n_q * config_.value_dim());
-    bd_project_heads_into<A, S>(Ot, vo_idx_, Cv_, O);
+    bd_project_heads_into<A, S>(Ot, vo_idx_, Cv_, O, {}, ws);
     return O;
   }
 

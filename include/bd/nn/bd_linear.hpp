@@ -81,16 +81,16 @@ public:
   const StoredVector& bias() const { return bias_; }
 
   /// y = x·W + b (L × d_out).
-  Matrix forward(const ConstRef<A>& x) const {
+  Matrix forward(const ConstRef<A>& x, Workspace& ws = default_workspace()) const {
     Matrix y(x.rows(), output_dim());
-    forward_into(x, y);
+    forward_into(x, y, ws);
     return y;
   }
 
   /// The same into a caller's y (L × d_out), which needs no other buffer: the first product
   /// writes h = x·B straight into y's basis columns S, the second reads them back as its input
   /// and writes y[:, R] = h·C + b_R, and b_S is added to y[:, S] last.
-  void forward_into(const ConstRef<A>& x, Eigen::Ref<Matrix> y) const {
+  void forward_into(const ConstRef<A>& x, Eigen::Ref<Matrix> y, Workspace& ws = default_workspace()) const {
     if (x.cols() != input_dim())
       throw ShapeError(bd::detail::message("BDLinear input has ", x.cols(), " columns, expected ", input_dim()));
     if (y.rows() != x.rows() || y.cols() != output_dim())
@@ -107,7 +107,7 @@ public:
     first.out = y.data(), first.ldo = y.outerStride();
     first.out_columns = S_idx.data();
     first.segments.push_back({inputs_.data(), input_dim(), 0, r});
-    bd::kernel::gemm(first);
+    bd::kernel::gemm(first, {}, 0, ws);
     bd::kernel::GemmArguments<A, S> second;  // y[:, R] = h·C + b_R, h read from y[:, S]
     second.rows = L;
     second.x = y.data(), second.ldx = y.outerStride();
@@ -118,7 +118,7 @@ public:
     if (bias_.size()) bias_rest = bias_(rest_).template cast<A>();
     second.init_values = bias_.size() ? bias_rest.data() : nullptr;
     second.segments.push_back({S_idx.data(), r, 0, output_dim() - r});
-    bd::kernel::gemm(second);
+    bd::kernel::gemm(second, {}, 0, ws);
     if (bias_.size())
       for (Index k = 0; k < r; ++k) {
         const Index s = S_idx[static_cast<std::size_t>(k)];
@@ -138,19 +138,19 @@ public:
   std::size_t trainable_count() const { return 2 + (bias_.size() ? 1 : 0); }
 
   /// ∂x and the gradients of trainable(), given the forward's x and ∂y (h = x·B recomputed).
-  Gradients<A> backward(const ConstRef<A>& x, const ConstRef<A>& dy) const {
+  Gradients<A> backward(const ConstRef<A>& x, const ConstRef<A>& dy, Workspace& ws = default_workspace()) const {
     detail::require_trainable<S, A>();
     detail::require_linear_call("BDLinear::backward", input_dim(), output_dim(), x.rows(), x.cols(), dy.rows(), dy.cols());
     const auto& B = decomposition_.basis();
     const auto& C = decomposition_.coeff();
-    const Matrix h = detail::product(x, B);
+    const Matrix h = detail::product(x, B, ws);
     const Matrix dy_rest = dy(Eigen::all, rest_);
     Matrix dh = dy(Eigen::all, decomposition_.indices());
-    bd::kernel::matmul_add_into(dy_rest, C.transpose(), dh);
+    bd::kernel::matmul_add_into(dy_rest, C.transpose(), dh, ws);
     Gradients<A> g;
-    g.input = detail::product(dh, B.transpose());
-    g.parameters.push_back(detail::product(x.transpose(), dh));
-    g.parameters.push_back(detail::product(h.transpose(), dy_rest));
+    g.input = detail::product(dh, B.transpose(), ws);
+    g.parameters.push_back(detail::product(x.transpose(), dh, ws));
+    g.parameters.push_back(detail::product(h.transpose(), dy_rest, ws));
     if (bias_.size()) g.parameters.push_back(detail::column_sums<A>(dy));
     return g;
   }

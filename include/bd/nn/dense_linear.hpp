@@ -52,9 +52,9 @@ MatrixA<A> column_sums(const ConstRef<A>& dy) {
 
 /// out = a·b on the dispatched kernel (matmul.hpp), as a new matrix.
 template <typename DA, typename DB>
-auto product(const Eigen::MatrixBase<DA>& a, const Eigen::MatrixBase<DB>& b) {
+auto product(const Eigen::MatrixBase<DA>& a, const Eigen::MatrixBase<DB>& b, Workspace& ws) {
   MatrixA<typename DA::Scalar> out(a.rows(), b.cols());
-  bd::kernel::matmul_into(a, b, out);
+  bd::kernel::matmul_into(a, b, out, ws);
   return out;
 }
 
@@ -88,18 +88,18 @@ public:
   Index output_dim() const { return W_.cols(); }
   Index parameters() const { return W_.size(); }
 
-  Matrix forward(const ConstRef<A>& x) const {
+  Matrix forward(const ConstRef<A>& x, Workspace& ws = default_workspace()) const {
     Matrix y(x.rows(), output_dim());
-    forward_into(x, y);
+    forward_into(x, y, ws);
     return y;
   }
 
   /// y = x·W + b into a caller's L × d_out matrix; the bias is the accumulators' start.
-  void forward_into(const ConstRef<A>& x, Eigen::Ref<Matrix> y) const {
+  void forward_into(const ConstRef<A>& x, Eigen::Ref<Matrix> y, Workspace& ws = default_workspace()) const {
     detail::require_linear_call("DenseLinear", input_dim(), output_dim(), x.rows(), x.cols(), y.rows(), y.cols());
     Eigen::Matrix<A, Eigen::Dynamic, 1> buffer;
     bd::kernel::linear_into<A, S>(x.data(), x.outerStride(), x.rows(), x.cols(), W_.data(), W_.outerStride(), false,
-                                  output_dim(), detail::bias_in(bias_, buffer), y.data(), y.outerStride());
+                                  output_dim(), detail::bias_in(bias_, buffer), y.data(), y.outerStride(), 0, ws);
   }
 
   /// "weight" (d_in × d_out), then "bias" when there is one.
@@ -113,12 +113,12 @@ public:
   std::size_t trainable_count() const { return 1 + (bias_.size() ? 1 : 0); }
 
   /// ∂x and the gradients of trainable(), given the forward's x and ∂y.
-  Gradients<A> backward(const ConstRef<A>& x, const ConstRef<A>& dy) const {
+  Gradients<A> backward(const ConstRef<A>& x, const ConstRef<A>& dy, Workspace& ws = default_workspace()) const {
     detail::require_trainable<S, A>();
     detail::require_linear_call("DenseLinear::backward", input_dim(), output_dim(), x.rows(), x.cols(), dy.rows(), dy.cols());
     Gradients<A> g;
-    g.input = detail::product(dy, W_.transpose());
-    g.parameters.push_back(detail::product(x.transpose(), dy));
+    g.input = detail::product(dy, W_.transpose(), ws);
+    g.parameters.push_back(detail::product(x.transpose(), dy, ws));
     if (bias_.size()) g.parameters.push_back(detail::column_sums<A>(dy));
     return g;
   }

@@ -23,37 +23,39 @@
 namespace bd::nn::detail {
 
 template <typename A, typename S>
-MatrixA<A> dense_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position) {
-  MatrixA<A> Q = project<A, S>(xq, w.Wq, w.bq);
+MatrixA<A> dense_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position,
+                         Workspace& ws) {
+  MatrixA<A> Q = project<A, S>(xq, w.Wq, w.bq, ws);
   if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, c.rope_scaling, first_position);
   return Q;
 }
 
 template <typename A, typename S>
-MatrixA<A> dense_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& z, Index first_position) {
-  MatrixA<A> K = project<A, S>(z, w.Wk, w.bk);
+MatrixA<A> dense_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& z, Index first_position,
+                      Workspace& ws) {
+  MatrixA<A> K = project<A, S>(z, w.Wk, w.bk, ws);
   if (c.rope_theta > 0) apply_rope(K, c.n_kv, c.head_dim, c.rope_theta, c.rope_scaling, first_position);
   return K;
 }
 
 template <typename A, typename S>
-MatrixA<A> dense_values(const AttentionWeights<S>& w, const ConstRef<A>& z) {
-  return project<A, S>(z, w.Wv, w.bv);
+MatrixA<A> dense_values(const AttentionWeights<S>& w, const ConstRef<A>& z, Workspace& ws) {
+  return project<A, S>(z, w.Wv, w.bv, ws);
 }
 
 template <typename A, typename S>
-MatrixA<A> dense_output(const AttentionWeights<S>& w, const ConstRef<A>& O) {
-  return project<A, S>(O, w.Wo, w.bo);
+MatrixA<A> dense_output(const AttentionWeights<S>& w, const ConstRef<A>& O, Workspace& ws) {
+  return project<A, S>(O, w.Wo, w.bo, ws);
 }
 
 /// The backward of Y = x·W (+ b): writes ∂W (and ∂b into *db when there is a bias), returns ∂x.
 template <typename A, typename S>
 MatrixA<A> dense_projection_backward(const ConstRef<A>& x, const ConstRef<A>& dY, const StoredMatrix<S>& W, MatrixA<A>& dW,
-                                     MatrixA<A>* db) {
+                                     MatrixA<A>* db, Workspace& ws) {
   require_trainable<S, A>();
-  dW = product(x.transpose(), dY);
+  dW = product(x.transpose(), dY, ws);
   if (db) *db = column_sums<A>(dY);
-  return product(dY, W.transpose());
+  return product(dY, W.transpose(), ws);
 }
 
 /// The rotation's transpose applied to a gradient of rotated queries or keys (`heads` heads).
@@ -64,20 +66,20 @@ void unrotate(const AttentionConfig& c, MatrixA<A>& d, Index heads, Index first_
 
 /// Q̃ (L × n_q·d_c): Q̃_h = Q_h·Wk_gᵀ, Wk_g read transposed in place.
 template <typename A, typename S>
-MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Q) {
+MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Q, Workspace& ws) {
   const Index L = Q.rows(), dh = c.head_dim, dc = w.Wk.rows();
   MatrixA<A> Qt(L, c.n_q * dc);
   for (Index h = 0; h < c.n_q; ++h) {
     const Index g = h / c.group();
     bd::kernel::linear_into<A, S>(Q.data() + h * dh * L, L, L, dh, w.Wk.data() + g * dh * w.Wk.outerStride(),
-                                  w.Wk.outerStride(), true, dc, nullptr, Qt.data() + h * dc * L, L);
+                                  w.Wk.outerStride(), true, dc, nullptr, Qt.data() + h * dc * L, L, 0, ws);
   }
   return Qt;
 }
 
 /// O (L × n_q·d_v): O_h = Õ_h·Wv_g + bv_g (softmax rows sum to one, so the bias passes through).
 template <typename A, typename S>
-MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Ot) {
+MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Ot, Workspace& ws) {
   const Index L = Ot.rows(), dv = c.value_dim(), dc = w.Wv.rows();
   MatrixA<A> O(L, c.n_q * dv);
   const Eigen::Matrix<A, Eigen::Dynamic, 1> bias = w.bv.template cast<A>();
@@ -85,7 +87,7 @@ MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<
     const Index g = h / c.group();
     bd::kernel::linear_into<A, S>(Ot.data() + h * dc * L, L, L, dc, w.Wv.data() + g * dv * w.Wv.outerStride(),
                                   w.Wv.outerStride(), false, dv, w.bv.size() ? bias.data() + g * dv : nullptr,
-                                  O.data() + h * dv * L, L);
+                                  O.data() + h * dv * L, L, 0, ws);
   }
   return O;
 }

@@ -80,11 +80,14 @@ public:
   std::vector<Layer> layers;
 
   /// Logits (L × vocab) of a token sequence, causal.
-  Matrix logits(const std::vector<int>& tokens) const { return run(tokens, nullptr); }
+  /// (Every call runs its kernels with the buffers of `ws`: nn/types.hpp.)
+  Matrix logits(const std::vector<int>& tokens, Workspace& ws = default_workspace()) const { return run(tokens, nullptr, ws); }
 
   /// Decoding: the logits of `tokens` (L × vocab) following the cache's tokens, whose keys and
   /// values the cache gains. Equal to the last L rows of logits() over the whole sequence.
-  Matrix decode(const std::vector<int>& tokens, Cache& cache) const { return run(tokens, &cache); }
+  Matrix decode(const std::vector<int>& tokens, Cache& cache, Workspace& ws = default_workspace()) const {
+    return run(tokens, &cache, ws);
+  }
 
   /// Parameters of the decoder layers (attention and MLP; no norms, embedding or head).
   Index layer_parameters() const {
@@ -121,7 +124,7 @@ public:
   }
 
 private:
-  Matrix run(const std::vector<int>& tokens, Cache* cache) const {
+  Matrix run(const std::vector<int>& tokens, Cache* cache, Workspace& ws) const {
     Matrix h(static_cast<Index>(tokens.size()), config.hidden);
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       if (tokens[i] < 0 || tokens[i] >= config.vocab)
@@ -137,16 +140,16 @@ private:
     for (std::size_t l = 0; l < layers.size(); ++l) {
       const Layer& layer = layers[l];
       x = norm(h, layer.attn_norm);
-      h += cache ? layer.attention.decode(x, cache->layers_[l]) : layer.attention.forward(x);
+      h += cache ? layer.attention.decode(x, cache->layers_[l], ws) : layer.attention.forward(x, ws);
       x = norm(h, layer.mlp_norm);
       gate.resize(x.rows(), layer.gate.output_dim());
       up.resize(x.rows(), layer.up.output_dim());
-      layer.gate.forward_into(x, gate);
-      layer.up.forward_into(x, up);
+      layer.gate.forward_into(x, gate, ws);
+      layer.up.forward_into(x, up, ws);
       gate = (gate.array() / (A(1) + (-gate.array()).exp()) * up.array()).matrix();  // silu(g)·u
-      h += layer.down.forward(gate);
+      h += layer.down.forward(gate, ws);
     }
-    return detail::project<A, S>(norm(h, final_norm), lm_head);
+    return detail::project<A, S>(norm(h, final_norm), lm_head, {}, ws);
   }
 
   Matrix norm(const Matrix& h, const StoredVector& gain) const {

@@ -55,19 +55,19 @@ public:
   Index rank() const { return U_.cols(); }
   Index parameters() const { return U_.size() + Vt_.size(); }
 
-  Matrix forward(const ConstRef<A>& x) const {
+  Matrix forward(const ConstRef<A>& x, Workspace& ws = default_workspace()) const {
     Matrix y(x.rows(), output_dim());
-    forward_into(x, y);
+    forward_into(x, y, ws);
     return y;
   }
 
   /// y = (x·U)·Vᵀ + b into a caller's L × d_out matrix.
-  void forward_into(const ConstRef<A>& x, Eigen::Ref<Matrix> y) const {
+  void forward_into(const ConstRef<A>& x, Eigen::Ref<Matrix> y, Workspace& ws = default_workspace()) const {
     detail::require_linear_call("LowRankLinear", input_dim(), output_dim(), x.rows(), x.cols(), y.rows(), y.cols());
-    const Matrix h = hidden(x);
+    const Matrix h = hidden(x, ws);
     Eigen::Matrix<A, Eigen::Dynamic, 1> buffer;
     bd::kernel::linear_into<A, S>(h.data(), h.outerStride(), h.rows(), rank(), Vt_.data(), Vt_.outerStride(), false,
-                                  output_dim(), detail::bias_in(bias_, buffer), y.data(), y.outerStride());
+                                  output_dim(), detail::bias_in(bias_, buffer), y.data(), y.outerStride(), 0, ws);
   }
 
   /// "U" (d_in × r), "Vt" (r × d_out), then "bias" when there is one.
@@ -81,24 +81,24 @@ public:
   std::size_t trainable_count() const { return 2 + (bias_.size() ? 1 : 0); }
 
   /// ∂x and the gradients of trainable(), given the forward's x and ∂y (h = x·U recomputed).
-  Gradients<A> backward(const ConstRef<A>& x, const ConstRef<A>& dy) const {
+  Gradients<A> backward(const ConstRef<A>& x, const ConstRef<A>& dy, Workspace& ws = default_workspace()) const {
     detail::require_trainable<S, A>();
     detail::require_linear_call("LowRankLinear::backward", input_dim(), output_dim(), x.rows(), x.cols(), dy.rows(), dy.cols());
-    const Matrix h = hidden(x);
-    const Matrix dh = detail::product(dy, Vt_.transpose());
+    const Matrix h = hidden(x, ws);
+    const Matrix dh = detail::product(dy, Vt_.transpose(), ws);
     Gradients<A> g;
-    g.input = detail::product(dh, U_.transpose());
-    g.parameters.push_back(detail::product(x.transpose(), dh));
-    g.parameters.push_back(detail::product(h.transpose(), dy));
+    g.input = detail::product(dh, U_.transpose(), ws);
+    g.parameters.push_back(detail::product(x.transpose(), dh, ws));
+    g.parameters.push_back(detail::product(h.transpose(), dy, ws));
     if (bias_.size()) g.parameters.push_back(detail::column_sums<A>(dy));
     return g;
   }
 
 private:
-  Matrix hidden(const ConstRef<A>& x) const {
+  Matrix hidden(const ConstRef<A>& x, Workspace& ws) const {
     Matrix h(x.rows(), rank());
     bd::kernel::linear_into<A, S>(x.data(), x.outerStride(), x.rows(), input_dim(), U_.data(), U_.outerStride(), false, rank(),
-                                  nullptr, h.data(), h.outerStride());
+                                  nullptr, h.data(), h.outerStride(), 0, ws);
     return h;
   }
 

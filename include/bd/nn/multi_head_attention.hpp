@@ -84,12 +84,14 @@ private:
 
   // The projection policy (attention_layer.hpp): every product dense.
   const AttentionWeights<S>& shared_weights() const { return weights_; }
-  Matrix queries(const Input& xq, Index first) const { return detail::dense_queries<A>(config_, weights_, xq, first); }
-  Matrix keys(const Input& z, Index first) const { return detail::dense_keys<A>(config_, weights_, z, first); }
-  Matrix values(const Input& z) const { return detail::dense_values<A>(weights_, z); }
-  Matrix output(const Input& O) const { return detail::dense_output<A>(weights_, O); }
-  Matrix absorb_queries(const Matrix& Q) const { return detail::dense_absorb_queries<A>(config_, weights_, Q); }
-  Matrix absorb_values(const Matrix& Ot) const { return detail::dense_absorb_values<A>(config_, weights_, Ot); }
+  Matrix queries(const Input& xq, Index first, Workspace& ws) const {
+    return detail::dense_queries<A>(config_, weights_, xq, first, ws);
+  }
+  Matrix keys(const Input& z, Index first, Workspace& ws) const { return detail::dense_keys<A>(config_, weights_, z, first, ws); }
+  Matrix values(const Input& z, Workspace& ws) const { return detail::dense_values<A>(weights_, z, ws); }
+  Matrix output(const Input& O, Workspace& ws) const { return detail::dense_output<A>(weights_, O, ws); }
+  Matrix absorb_queries(const Matrix& Q, Workspace& ws) const { return detail::dense_absorb_queries<A>(config_, weights_, Q, ws); }
+  Matrix absorb_values(const Matrix& Ot, Workspace& ws) const { return detail::dense_absorb_values<A>(config_, weights_, Ot, ws); }
   const AttentionShape& layer_shape() const { return shape_; }
   Mode cost_mode() const { return Mode::QKVO; }
   bool decomposed() const { return false; }
@@ -113,23 +115,23 @@ private:
     return i;
   }
   Matrix projection_backward(int p, const Input& x, const Matrix& dY, const StoredMatrix& W, bool bias,
-                             std::vector<Matrix>& g) const {
+                             std::vector<Matrix>& g, Workspace& ws) const {
     const std::size_t i = slot(p);
-    return detail::dense_projection_backward<A, S>(x, dY, W, g[i], bias ? &g[i + 1] : nullptr);
+    return detail::dense_projection_backward<A, S>(x, dY, W, g[i], bias ? &g[i + 1] : nullptr, ws);
   }
-  Matrix output_backward(const Matrix& O, const Input& dy, std::vector<Matrix>& g) const {
-    return projection_backward(3, O, dy, weights_.Wo, weights_.bo.size() > 0, g);
+  Matrix output_backward(const Matrix& O, const Input& dy, std::vector<Matrix>& g, Workspace& ws) const {
+    return projection_backward(3, O, dy, weights_.Wo, weights_.bo.size() > 0, g, ws);
   }
-  Matrix queries_backward(const Input& xq, Matrix dQ, Index first, std::vector<Matrix>& g) const {
+  Matrix queries_backward(const Input& xq, Matrix dQ, Index first, std::vector<Matrix>& g, Workspace& ws) const {
     detail::unrotate<A>(config_, dQ, config_.n_q, first);
-    return projection_backward(0, xq, dQ, weights_.Wq, weights_.bq.size() > 0, g);
+    return projection_backward(0, xq, dQ, weights_.Wq, weights_.bq.size() > 0, g, ws);
   }
-  Matrix keys_backward(const Input& z, Matrix dK, Index first, std::vector<Matrix>& g) const {
+  Matrix keys_backward(const Input& z, Matrix dK, Index first, std::vector<Matrix>& g, Workspace& ws) const {
     detail::unrotate<A>(config_, dK, config_.n_kv, first);
-    return projection_backward(1, z, dK, weights_.Wk, weights_.bk.size() > 0, g);
+    return projection_backward(1, z, dK, weights_.Wk, weights_.bk.size() > 0, g, ws);
   }
-  Matrix values_backward(const Input& z, const Matrix& dV, std::vector<Matrix>& g) const {
-    return projection_backward(2, z, dV, weights_.Wv, weights_.bv.size() > 0, g);
+  Matrix values_backward(const Input& z, const Matrix& dV, std::vector<Matrix>& g, Workspace& ws) const {
+    return projection_backward(2, z, dV, weights_.Wv, weights_.bv.size() > 0, g, ws);
   }
 
   AttentionConfig config_;

@@ -90,13 +90,13 @@ private:
     static const AttentionWeights<Scalar> none;  // no latent, no query LoRA, no decoupled RoPE
     return none;
   }
-  Matrix queries(const Input& xq, Index first) const { return rotated(q_.forward(xq), config_.n_q, first); }
-  Matrix keys(const Input& z, Index first) const { return rotated(k_.forward(z), config_.n_kv, first); }
-  Matrix values(const Input& z) const { return v_.forward(z); }
-  Matrix output(const Input& O) const { return o_.forward(O); }
+  Matrix queries(const Input& xq, Index first, Workspace& ws) const { return rotated(q_.forward(xq, ws), config_.n_q, first); }
+  Matrix keys(const Input& z, Index first, Workspace& ws) const { return rotated(k_.forward(z, ws), config_.n_kv, first); }
+  Matrix values(const Input& z, Workspace& ws) const { return v_.forward(z, ws); }
+  Matrix output(const Input& O, Workspace& ws) const { return o_.forward(O, ws); }
   // Only MLA layers absorb (attention_layer.hpp refuses before these are reached).
-  Matrix absorb_queries(const Matrix&) const { throw RefusedError("ProjectedAttention has no latent to absorb into"); }
-  Matrix absorb_values(const Matrix&) const { throw RefusedError("ProjectedAttention has no latent to absorb into"); }
+  Matrix absorb_queries(const Matrix&, Workspace&) const { throw RefusedError("ProjectedAttention has no latent to absorb into"); }
+  Matrix absorb_values(const Matrix&, Workspace&) const { throw RefusedError("ProjectedAttention has no latent to absorb into"); }
   AttentionShape layer_shape() const { return AttentionShape{}; }
   Mode cost_mode() const { return Mode::QKVO; }
   bool decomposed() const { return false; }
@@ -107,24 +107,24 @@ private:
     return std::vector<Matrix>(q_.trainable_count() + k_.trainable_count() + v_.trainable_count() + o_.trainable_count());
   }
   Matrix linear_backward(const Linear& linear, std::size_t first, const Input& x, const Matrix& dY,
-                         std::vector<Matrix>& g) const {
-    Gradients<A> d = linear.backward(x, dY);
+                         std::vector<Matrix>& g, Workspace& ws) const {
+    Gradients<A> d = linear.backward(x, dY, ws);
     for (std::size_t k = 0; k < d.parameters.size(); ++k) g[first + k] = std::move(d.parameters[k]);
     return std::move(d.input);
   }
-  Matrix output_backward(const Matrix& O, const Input& dy, std::vector<Matrix>& g) const {
-    return linear_backward(o_, q_.trainable_count() + k_.trainable_count() + v_.trainable_count(), O, dy, g);
+  Matrix output_backward(const Matrix& O, const Input& dy, std::vector<Matrix>& g, Workspace& ws) const {
+    return linear_backward(o_, q_.trainable_count() + k_.trainable_count() + v_.trainable_count(), O, dy, g, ws);
   }
-  Matrix queries_backward(const Input& xq, Matrix dQ, Index first, std::vector<Matrix>& g) const {
+  Matrix queries_backward(const Input& xq, Matrix dQ, Index first, std::vector<Matrix>& g, Workspace& ws) const {
     if (config_.rope_theta > 0) apply_rope(dQ, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first, true);
-    return linear_backward(q_, 0, xq, dQ, g);
+    return linear_backward(q_, 0, xq, dQ, g, ws);
   }
-  Matrix keys_backward(const Input& z, Matrix dK, Index first, std::vector<Matrix>& g) const {
+  Matrix keys_backward(const Input& z, Matrix dK, Index first, std::vector<Matrix>& g, Workspace& ws) const {
     if (config_.rope_theta > 0) apply_rope(dK, config_.n_kv, config_.head_dim, config_.rope_theta, config_.rope_scaling, first, true);
-    return linear_backward(k_, q_.trainable_count(), z, dK, g);
+    return linear_backward(k_, q_.trainable_count(), z, dK, g, ws);
   }
-  Matrix values_backward(const Input& z, const Matrix& dV, std::vector<Matrix>& g) const {
-    return linear_backward(v_, q_.trainable_count() + k_.trainable_count(), z, dV, g);
+  Matrix values_backward(const Input& z, const Matrix& dV, std::vector<Matrix>& g, Workspace& ws) const {
+    return linear_backward(v_, q_.trainable_count() + k_.trainable_count(), z, dV, g, ws);
   }
 
   Matrix rotated(Matrix m, Index heads, Index first) const {

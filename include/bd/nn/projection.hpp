@@ -94,7 +94,7 @@ namespace detail {
 /// (absorbed decoding's per-head latent outputs).
 template <typename A, typename S>
 void bd_project_into(const ConstRef<A>& z, Index step, const HeadIndices& idx, const StoredMatrix<S>& C,
-                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking) {
+                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking, Workspace& ws) {
   const Index d = idx.head_dim, n = idx.heads(), d_in = idx.input_dim, r = d_in - d;
   const Index z_cols = step ? n * step : d_in;
   if (z.cols() != z_cols || C.rows() != r || C.cols() != n * d || out.rows() != z.rows() || out.cols() != n * d)
@@ -130,7 +130,7 @@ void bd_project_into(const ConstRef<A>& z, Index step, const HeadIndices& idx, c
   } else {
     for (Index h = 0; h < n; ++h) args.segments.push_back({idx.rest[static_cast<std::size_t>(h)].data(), r, h * d, d});
   }
-  bd::kernel::gemm(args, blocking);
+  bd::kernel::gemm(args, blocking, 0, ws);
 }
 }  // namespace detail
 
@@ -138,8 +138,9 @@ void bd_project_into(const ConstRef<A>& z, Index step, const HeadIndices& idx, c
 /// Runs on omp_get_max_threads() threads (OMP_NUM_THREADS), one inside a parallel region.
 template <typename A, typename S>
 void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
-                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {}) {
-  detail::bd_project_into<A, S>(z, 0, idx, C, out, blocking);
+                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {},
+                     Workspace& ws = default_workspace()) {
+  detail::bd_project_into<A, S>(z, 0, idx, C, out, blocking, ws);
 }
 
 /// The same with an input per head: z is L × n·d_in and head h reads its own block
@@ -147,8 +148,9 @@ void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const StoredM
 /// O_h = Õ_h[S_h] + Õ_h[R_h]·C_h, every head in one product).
 template <typename A, typename S>
 void bd_project_heads_into(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
-                           Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {}) {
-  detail::bd_project_into<A, S>(z, idx.input_dim, idx, C, out, blocking);
+                           Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {},
+                           Workspace& ws = default_workspace()) {
+  detail::bd_project_into<A, S>(z, idx.input_dim, idx, C, out, blocking, ws);
 }
 
 /// The adjoint per head, out_h (L × d_in) with out_h[:, S_h] = q_h and out_h[:, R_h] = q_h·C_hᵀ
@@ -157,7 +159,8 @@ void bd_project_heads_into(const ConstRef<A>& z, const HeadIndices& idx, const S
 /// heads sharing a head of K'); per head one product with C_h read transposed in place, its
 /// columns written to R_h's places.
 template <typename A, typename S>
-MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& idx, const StoredMatrix<S>& C) {
+MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& idx, const StoredMatrix<S>& C,
+                            Workspace& ws = default_workspace()) {
   const Index L = q.rows(), d = idx.head_dim, d_in = idx.input_dim, per = n_q / idx.heads();
   if (q.cols() != n_q * d || n_q % idx.heads() || C.rows() != d_in - d || C.cols() != idx.heads() * d)
     throw ShapeError(bd::detail::message("bd_adjoint_heads: q is ", L, "x", q.cols(), " and C ", C.rows(), "x", C.cols(),
@@ -177,7 +180,7 @@ MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& 
     args.b = C.data() + k * d * C.outerStride(), args.ldb = C.outerStride(), args.b_row_major = true;
     args.out = out.data(), args.ldo = out.outerStride(), args.out_columns = columns.data();
     args.segments.push_back({channels.data(), d, 0, d_in - d});
-    bd::kernel::gemm(args);
+    bd::kernel::gemm(args, {}, 0, ws);
   }
   return out;
 }
@@ -185,9 +188,9 @@ MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& 
 /// The same, returning a new matrix.
 template <typename A, typename S>
 MatrixA<A> bd_project(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
-                      const bd::kernel::Blocking& blocking = {}) {
+                      const bd::kernel::Blocking& blocking = {}, Workspace& ws = default_workspace()) {
   MatrixA<A> out(z.rows(), idx.heads() * idx.head_dim);
-  bd_project_into<A, S>(z, idx, C, out, blocking);
+  bd_project_into<A, S>(z, idx, C, out, blocking, ws);
   return out;
 }
 
@@ -196,7 +199,7 @@ MatrixA<A> bd_project(const ConstRef<A>& z, const HeadIndices& idx, const Stored
 /// A shared window's heads read the same z[:, R]: one product each for all of them.
 template <typename A, typename S>
 MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
-                               const ConstRef<A>& dK, MatrixA<A>& dC) {
+                               const ConstRef<A>& dK, MatrixA<A>& dC, Workspace& ws = default_workspace()) {
   static_assert(std::is_same_v<A, S>, "bd_project_backward: C stored in the arithmetic type");
   const Index n = idx.heads(), d = idx.head_dim, L = z.rows();
   if (z.cols() != idx.input_dim || dK.rows() != L || dK.cols() != n * d || C.rows() != idx.input_dim - d || C.cols() != n * d)
@@ -210,9 +213,9 @@ MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, con
     const MatrixA<A> z_rest = z(Eigen::all, rest);
     auto dK_h = dK.middleCols(first * d, width);
     auto dC_h = dC.middleCols(first * d, width);
-    bd::kernel::matmul_into(z_rest.transpose(), dK_h, dC_h);
+    bd::kernel::matmul_into(z_rest.transpose(), dK_h, dC_h, ws);
     MatrixA<A> dz_rest(L, Index(rest.size()));
-    bd::kernel::matmul_into(dK_h, C.middleCols(first * d, width).transpose(), dz_rest);
+    bd::kernel::matmul_into(dK_h, C.middleCols(first * d, width).transpose(), dz_rest, ws);
     dz(Eigen::all, rest) += dz_rest;
     for (Index k = 0; k < width; ++k) dz.col(basis[static_cast<std::size_t>(k % d)]) += dK_h.col(k);
   }

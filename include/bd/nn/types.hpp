@@ -5,10 +5,18 @@
 #include <Eigen/Core>
 
 #include "bd/base/index.hpp"
+#include "bd/base/workspace.hpp"
 
 namespace bd::nn {
 
 using bd::Index;
+
+/// Every layer call that runs kernels takes, last, the workspace they keep their buffers in
+/// (packing space, attention's scratch): a server gives each worker its own; a call given none
+/// uses the process's default_workspace(). Internal steps take it without a default, so that
+/// nothing below a layer's call falls back to the process's workspace by omission.
+using bd::default_workspace;
+using bd::Workspace;
 
 /// Activations: L × width, column-major, in the compute type A.
 template <typename A>

@@ -100,10 +100,15 @@ public:
 
   /// Mean next-token loss over windows of context + 1 tokens each (stacked): token t of a window
   /// predicts token t + 1.
-  double loss(const std::vector<int>& windows) const { return run(windows, nullptr); }
+  /// Its kernels keep their buffers in `ws` (the process's default_workspace() when omitted).
+  double loss(const std::vector<int>& windows, Workspace& ws = default_workspace()) const {
+    return run(windows, nullptr, ws);
+  }
 
   /// The same loss, with its gradient added to parameters().gradient().
-  double loss_and_gradient(const std::vector<int>& windows) { return run(windows, &params_); }
+  double loss_and_gradient(const std::vector<int>& windows, Workspace& ws = default_workspace()) {
+    return run(windows, &params_, ws);
+  }
 
   /// Every trainable tensor into a safetensors file (atomically), by its name.
   void save(const std::string& path) const {
@@ -158,7 +163,7 @@ private:
   }
 
   /// Forward over the windows; with `grad`, the backward too, accumulated into it.
-  double run(const std::vector<int>& windows, ParameterSet<T>* grad) const {
+  double run(const std::vector<int>& windows, ParameterSet<T>* grad, Workspace& ws) const {
     const Index L = config_.context, W = L + 1;
     if (windows.empty() || Index(windows.size()) % W)
       throw ShapeError(bd::detail::message("LanguageModel: ", windows.size(), " tokens are not whole windows of ", W));
@@ -178,18 +183,18 @@ private:
       Saved& s = saved[b];
       s.x = x;
       s.n1 = block.norm1.forward(x);
-      for (Index q = 0; q < count; ++q) x.middleRows(q * L, L) += block.attention.forward(s.n1.middleRows(q * L, L));
+      for (Index q = 0; q < count; ++q) x.middleRows(q * L, L) += block.attention.forward(s.n1.middleRows(q * L, L), ws);
       s.mid = x;
       s.n2 = block.norm2.forward(x);
-      x += block.ffn.forward(s.n2);
+      x += block.ffn.forward(s.n2, ws);
     }
     const Matrix<T> normed = final_.forward(x);
-    const Matrix<T> logits = head_.forward(normed);
+    const Matrix<T> logits = head_.forward(normed, ws);
     Matrix<T> d_logits;
     const double loss = cross_entropy(logits, targets, grad ? &d_logits : nullptr);
     if (!grad) return loss;
 
-    nn::Gradients<T> head = head_.backward(normed, d_logits);
+    nn::Gradients<T> head = head_.backward(normed, d_logits, ws);
     grad->accumulate(head_first_, head.parameters);
     nn::Gradients<T> fin = final_.backward(x, head.input);
     grad->accumulate(final_first_, fin.parameters);
@@ -197,14 +202,14 @@ private:
     for (std::size_t b = blocks_.size(); b-- > 0;) {
       const Block& block = blocks_[b];
       const Saved& s = saved[b];
-      nn::Gradients<T> ffn = block.ffn.backward(s.n2, dx);
+      nn::Gradients<T> ffn = block.ffn.backward(s.n2, dx, ws);
       grad->accumulate(ffn_first_[b], ffn.parameters);
       nn::Gradients<T> n2 = block.norm2.backward(s.mid, ffn.input);
       grad->accumulate(norm2_first_[b], n2.parameters);
       dx += n2.input;  // ∂ at the block's middle
       Matrix<T> d_n1(dx.rows(), dx.cols());
       for (Index q = 0; q < count; ++q) {
-        nn::Gradients<T> a = block.attention.backward(s.n1.middleRows(q * L, L), dx.middleRows(q * L, L));
+        nn::Gradients<T> a = block.attention.backward(s.n1.middleRows(q * L, L), dx.middleRows(q * L, L), ws);
         grad->accumulate(attention_first_[b], a.parameters);
         d_n1.middleRows(q * L, L) = a.input;
       }

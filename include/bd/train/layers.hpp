@@ -135,7 +135,9 @@ public:
   FeedForward(Index d, Index hidden, std::mt19937_64& rng)
       : up_(glorot<T>(d, hidden, rng), Vector<T>::Zero(hidden)), down_(glorot<T>(hidden, d, rng), Vector<T>::Zero(d)) {}
 
-  Matrix<T> forward(const Matrix<T>& x) const { return down_.forward(up_.forward(x).cwiseMax(T(0))); }
+  Matrix<T> forward(const Matrix<T>& x, Workspace& ws = default_workspace()) const {
+    return down_.forward(up_.forward(x, ws).cwiseMax(T(0)), ws);
+  }
 
   std::vector<nn::Parameter<T>> trainable() {
     std::vector<nn::Parameter<T>> out;
@@ -144,11 +146,11 @@ public:
     return out;
   }
 
-  nn::Gradients<T> backward(const Matrix<T>& x, const Matrix<T>& dy) const {
-    const Matrix<T> pre = up_.forward(x);
-    nn::Gradients<T> down = down_.backward(pre.cwiseMax(T(0)), dy);
+  nn::Gradients<T> backward(const Matrix<T>& x, const Matrix<T>& dy, Workspace& ws = default_workspace()) const {
+    const Matrix<T> pre = up_.forward(x, ws);
+    nn::Gradients<T> down = down_.backward(pre.cwiseMax(T(0)), dy, ws);
     const Matrix<T> d_pre = (pre.array() > T(0)).select(down.input, T(0));
-    nn::Gradients<T> up = up_.backward(x, d_pre);
+    nn::Gradients<T> up = up_.backward(x, d_pre, ws);
     nn::Gradients<T> g;
     g.input = std::move(up.input);
     for (auto& p : up.parameters) g.parameters.push_back(std::move(p));
