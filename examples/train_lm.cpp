@@ -1,15 +1,17 @@
 // train_lm — a byte-level decoder-only Transformer language model trained with MHA or with BD
 // attention (the paper's §5.2: the basis and coefficient matrices are the learnable parameters),
-// Adam with the Noam schedule. A BDA model starts from the BD decomposition of the MHA model's
-// initialisation, so both start from the same function.
+// Adam with the Noam schedule.
 //
-//   train_lm [--attention mha|bda] [--lr-scale S] [--steps N] [--corpus PATH] [--seed K]
-//            [--basis first|pivoted|…] [--batch B] [--context L] [--dim D] [--heads H] [--layers N]
-//            [--ffn F] [--warmup W] [--log-every N] [--eval-every N] [--curve CSV] [--save FILE]
-//            [--threads N]
+//   train_lm [--attention mha|bda] [--start own|mha] [--lr-scale S] [--steps N] [--corpus PATH]
+//            [--seed K] [--basis first|pivoted|…] [--batch B] [--context L] [--dim D] [--heads H]
+//            [--layers N] [--ffn F] [--warmup W] [--log-every N] [--eval-every N] [--curve CSV]
+//            [--save FILE] [--threads N]
 //
-// --basis is the BD basis BDA is prepared with from the MHA initialisation (default first: the
-// paper's contiguous window; pivoted: each head's own rows by QR with column pivoting, |C| ≲ 1).
+// --start (bda): own (default) draws BDA as its own architecture, the paper's setup — first-rows
+// windows, B and C initialised directly (bd::train::bda_layer); mha starts from the BD of the MHA
+// model's initialisation (the same function as MHA's start), prepared with --basis (default
+// first, the paper's contiguous window; pivoted: each head's own rows by QR with column
+// pivoting, |C| ≲ 1).
 //
 // The corpus defaults to the King James Bible as Debian's bible-kjv prints it (`bible
 // Gen1:1-Rev22:21`, packages bible-kjv and bible-kjv-text); its last 10 % is held out. One
@@ -34,7 +36,7 @@
 namespace {
 
 struct Args {
-  std::string attention = "mha", corpus, curve, save, basis = "first";
+  std::string attention = "mha", start = "own", corpus, curve, save, basis = "first";
   double lr_scale = 1, warmup = 400;
   long steps = 2000, log_every = 100, eval_every = 0, batch = 16;
   std::uint64_t seed = 1;
@@ -44,15 +46,16 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "train_lm: " << why
-            << "\nusage: train_lm [--attention mha|bda] [--lr-scale S] [--steps N] [--corpus PATH] [--seed K]\n"
-               "                [--basis first|pivoted|...] [--batch B] [--context L] [--dim D] [--heads H] [--layers N]\n"
-               "                [--ffn F] [--warmup W] [--log-every N] [--eval-every N] [--curve CSV] [--save FILE]\n"
-               "                [--threads N]\n";
+            << "\nusage: train_lm [--attention mha|bda] [--start own|mha] [--lr-scale S] [--steps N] [--corpus PATH]\n"
+               "                [--seed K] [--basis first|pivoted|...] [--batch B] [--context L] [--dim D] [--heads H]\n"
+               "                [--layers N] [--ffn F] [--warmup W] [--log-every N] [--eval-every N] [--curve CSV]\n"
+               "                [--save FILE] [--threads N]\n";
   std::exit(2);
 }
 
 Args parse(int argc, char** argv) {
   Args a;
+  bool basis_given = false;
   auto number = [&](int& i, const char* name) {
     if (i + 1 >= argc) usage(std::string(name) + " needs a value");
     char* end = nullptr;
@@ -66,9 +69,14 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage("--attention needs mha or bda");
       a.attention = argv[++i];
       if (a.attention != "mha" && a.attention != "bda") usage("--attention is mha or bda, got '" + a.attention + "'");
+    } else if (k == "--start") {
+      if (i + 1 >= argc) usage("--start needs own or mha");
+      a.start = argv[++i];
+      if (a.start != "own" && a.start != "mha") usage("--start is own or mha, got '" + a.start + "'");
     } else if (k == "--basis") {
       if (i + 1 >= argc) usage("--basis needs a strategy name");
       a.basis = argv[++i];
+      basis_given = true;
     } else if (k == "--corpus" || k == "--curve" || k == "--save") {
       if (i + 1 >= argc) usage(k + " needs a path");
       (k == "--corpus" ? a.corpus : k == "--curve" ? a.curve : a.save) = argv[++i];
@@ -87,6 +95,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--ffn") a.model.ffn = Eigen::Index(number(i, "--ffn"));
     else usage("unknown option '" + k + "'");
   }
+  if (basis_given && !(a.attention == "bda" && a.start == "mha"))
+    usage("--basis chooses the windows of BDA started from MHA (--attention bda --start mha); BDA's own start "
+          "uses the paper's first rows");
   return a;
 }
 
@@ -149,11 +160,12 @@ int train(Model& model, const bd::train::Corpus& corpus, const Args& a, double f
   const double val_loss = model.loss(validation);
   if (!a.save.empty()) model.save(a.save);
   std::printf(
-      "{\"attention\": \"%s\", \"basis\": \"%s\", \"lr_scale\": %g, \"steps\": %ld, \"seed\": %llu, \"params\": %lld, \"attention_params\": %lld, "
+      "{\"attention\": \"%s\", \"start\": \"%s\", \"basis\": \"%s\", \"lr_scale\": %g, \"steps\": %ld, \"seed\": %llu, \"params\": %lld, \"attention_params\": %lld, "
       "\"first_val_loss\": %.6f, \"first_val_loss_mha\": %.6f, \"train_loss\": %.6f, \"val_loss\": %.6f, \"val_ppl\": %.4f, "
       "\"seconds\": %.2f, \"ms_per_step\": %.2f, \"batch\": %ld, \"context\": %lld, \"dim\": %lld, \"heads\": %lld, "
       "\"layers\": %lld, \"train_bytes\": %zu, \"validation_bytes\": %zu}\n",
-      a.attention.c_str(), a.attention == "bda" ? a.basis.c_str() : "-", a.lr_scale, a.steps, (unsigned long long)a.seed, (long long)model.parameter_count(),
+      a.attention.c_str(), a.attention == "bda" ? a.start.c_str() : "-",
+      a.attention != "bda" ? "-" : a.start == "own" ? "first" : a.basis.c_str(), a.lr_scale, a.steps, (unsigned long long)a.seed, (long long)model.parameter_count(),
       (long long)model.attention_parameter_count(), first_loss, first_loss_mha, train_loss, val_loss, std::exp(val_loss), seconds,
       1000 * seconds / double(a.steps), a.batch, (long long)a.model.context, (long long)a.model.dim, (long long)a.model.heads,
       (long long)a.model.layers, corpus.train_bytes(), corpus.validation_bytes());
@@ -174,6 +186,10 @@ int main(int argc, char** argv) {
     bd::train::LanguageModel<bd::nn::MultiHeadAttention<float>> mha(a.model, a.seed);
     const double first_mha = mha.loss(corpus.validation_windows(64));
     if (a.attention == "mha") return train(mha, corpus, a, first_mha);
+    if (a.start == "own") {
+      bd::train::LanguageModel<bd::nn::BDAttention<float>> bda(a.model, a.seed);
+      return train(bda, corpus, a, first_mha);
+    }
     auto bda = mha.to_bd(bd::nn::BDAttentionOptions{}.with_basis(bd::parse_basis(a.basis)));
     return train(bda, corpus, a, first_mha);
   } catch (const std::exception& e) {

@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
-"""MHA against BDA at several learning-rate scales of the Noam schedule (the paper's §5.2 sweep).
+"""MHA against BDA at several learning-rate scales of the Noam schedule, over several seeds (the
+paper's §5.2 sweep, with the spread one seed cannot show).
 
-Runs examples/train_lm once per (attention, scale) with the same seed, steps and model, one after
-the other, and writes into OUT: each run's log and validation curve, results.json (every run's
-final JSON line), table.md (docs/training.md's table) and curves.png (validation loss against step).
+Runs examples/train_lm once per (variant, scale, seed) with the same steps and model, one after the
+other, and writes into OUT: each run's log and validation curve, results.json (every run's final
+JSON line), table.md (docs/training.md's table: mean ± standard deviation over the seeds of the
+final validation loss and of the step time, and each variant's gap to MHA in units of MHA's
+spread) and curves.png (each variant's mean validation loss against step, its seeds' range shaded).
 
   tools/train_sweep.py --train-lm build/examples/train_lm --out docs/train/DATE [--scales 0.5,1,2,4]
-                       [--variants mha,bda] [-- extra train_lm options, e.g. --steps 1500 --layers 2]
+                       [--seeds 1,2,3] [--variants mha,bda] [-- extra train_lm options, e.g. --steps 1500]
 
-A variant is mha, bda (the first-rows basis, the paper's) or bda:BASIS (e.g. bda:pivoted).
+A variant is mha; bda, BDA as its own architecture (the paper's: first-rows windows, B and C drawn
+directly; train_lm --attention bda); or bda:BASIS, BDA started from the BD of the MHA model's
+initialisation with that basis (train_lm --attention bda --start mha --basis BASIS; bda:first is the
+paper's windows from that start, bda:pivoted each head's own rows).
 """
 import argparse
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -26,11 +33,14 @@ def main():
                    help="add to OUT's results.json and redraw from all of it (no run repeated)")
     p.add_argument("--out", required=True)
     p.add_argument("--scales", default="0.5,1,2,4")
+    p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--variants", default="mha,bda")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("extra", nargs=argparse.REMAINDER, help="options passed to every train_lm run (after --)")
     a = p.parse_args()
     extra = [x for x in a.extra if x != "--"]
+    if "--seed" in extra:
+        sys.exit("train_sweep: give the seeds with --seeds, not --seed after --")
     os.makedirs(a.out, exist_ok=True)
     results = []
     previous = os.path.join(a.out, "results.json")
@@ -38,60 +48,101 @@ def main():
         with open(previous) as f:
             results = json.load(f)["runs"]
         for r in results:
-            r.setdefault("variant", r["attention"] if r.get("basis", "first") in ("first", "-") else "%s:%s" % (r["attention"], r["basis"]))
+            if "run" not in r:  # from before seeds and --start: one seed, files named by the variant's old name
+                old = r.get("variant") or (r["attention"] if r.get("basis", "first") in ("first", "-")
+                                           else "%s:%s" % (r["attention"], r["basis"]))
+                r["run"] = "%s-%g" % (old.replace(":", "-"), r["lr_scale"])
+                r["variant"] = variant_of(r)
     if not a.train_lm:
-        a.variants, a.scales = "", ""
+        a.variants, a.scales, a.seeds = "", "", ""
     start = time.time()
     for scale in [float(s) for s in a.scales.split(",") if s]:
-        for variant in [v for v in a.variants.split(",") if v]:
-            attention, _, basis = variant.partition(":")
-            name = "%s-%g" % (variant.replace(":", "-"), scale)
-            curve = os.path.join(a.out, name + ".csv")
-            cmd = [a.train_lm, "--attention", attention, "--lr-scale", str(scale), "--eval-every", str(a.eval_every),
-                   "--curve", curve] + (["--basis", basis] if basis else []) + extra
-            print("$ " + " ".join(cmd), flush=True)
-            run = subprocess.run(cmd, capture_output=True, text=True)
-            with open(os.path.join(a.out, name + ".log"), "w") as log:
-                log.write(run.stdout + run.stderr)
-            if run.returncode != 0:
-                print(run.stdout[-2000:] + run.stderr[-2000:], file=sys.stderr)
-                sys.exit("train_lm failed for %s" % name)
-            j = json.loads(run.stdout.strip().splitlines()[-1])
-            j["variant"] = variant
-            print("  val loss %.4f (ppl %.3f), %.1f ms/step" % (j["val_loss"], j["val_ppl"], j["ms_per_step"]), flush=True)
-            results.append(j)
+        for seed in [int(s) for s in a.seeds.split(",") if s]:
+            for variant in [v for v in a.variants.split(",") if v]:
+                attention, _, basis = variant.partition(":")
+                run_name = "%s-%g-s%d" % (variant.replace(":", "-"), scale, seed)
+                curve = os.path.join(a.out, run_name + ".csv")
+                cmd = [a.train_lm, "--attention", attention, "--lr-scale", str(scale), "--seed", str(seed),
+                       "--eval-every", str(a.eval_every), "--curve", curve]
+                if basis:
+                    cmd += ["--start", "mha", "--basis", basis]
+                cmd += extra
+                print("$ " + " ".join(cmd), flush=True)
+                run = subprocess.run(cmd, capture_output=True, text=True)
+                with open(os.path.join(a.out, run_name + ".log"), "w") as log:
+                    log.write(run.stdout + run.stderr)
+                if run.returncode != 0:
+                    print(run.stdout[-2000:] + run.stderr[-2000:], file=sys.stderr)
+                    sys.exit("train_lm failed for %s" % run_name)
+                j = json.loads(run.stdout.strip().splitlines()[-1])
+                j["variant"], j["run"] = variant, run_name
+                print("  val loss %.4f (ppl %.3f), %.1f ms/step" % (j["val_loss"], j["val_ppl"], j["ms_per_step"]), flush=True)
+                results.append(j)
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump({"runs": results, "seconds": time.time() - start, "extra": extra}, f, indent=1)
     write_table(results, os.path.join(a.out, "table.md"))
     plot(results, a.out)
 
 
+def variant_of(r):
+    """A run's variant from its JSON line; lines from before train_lm's --start were all MHA-started."""
+    if r["attention"] != "bda":
+        return r["attention"]
+    if r.get("start", "mha") == "own":
+        return "bda"
+    return "bda:%s" % r.get("basis", "first")
+
+
 def label(variant):
     attention, _, basis = variant.partition(":")
-    return attention.upper() + (" (%s)" % basis if basis else "")
+    if attention == "bda" and basis:
+        return "BDA from MHA (%s)" % basis
+    return attention.upper()
+
+
+def stats(values):
+    """Mean and sample standard deviation (None for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    return mean, sd
+
+
+def mean_sd(values, digits):
+    mean, sd = stats(values)
+    return ("%.*f" % (digits, mean)) + ("" if sd is None else (" ± %.*f" % (digits, sd)))
 
 
 def write_table(results, path):
-    """One row per LR scale: each variant's validation loss and perplexity, its gap to MHA's, its step time."""
-    variants = list(dict.fromkeys(r.get("variant", r["attention"]) for r in results))
-    by = {(r.get("variant", r["attention"]), r["lr_scale"]): r for r in results}
+    """One row per LR scale: each variant's final validation loss and step time over its seeds
+    (mean ± sd, n), and its gap to MHA's mean, relative and in MHA's standard deviations."""
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    runs = {}
+    for r in results:
+        runs.setdefault((r["variant"], r["lr_scale"]), []).append(r)
     scales = sorted({r["lr_scale"] for r in results})
     head = ["LR scale"]
     for v in variants:
-        head += ["%s val loss (ppl)" % label(v)] + ([] if v == "mha" else ["vs MHA"]) + ["%s ms/step" % label(v)]
+        head += ["%s val loss" % label(v)] + ([] if v == "mha" else ["vs MHA"]) + ["%s ms/step" % label(v)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in scales:
         row = ["%g" % s]
-        mha = by.get(("mha", s))
+        mha = [r["val_loss"] for r in runs.get(("mha", s), [])]
         for v in variants:
-            r = by.get((v, s))
-            if not r:
+            rs = runs.get((v, s))
+            if not rs:
                 row += ["-"] * (2 if v == "mha" else 3)
                 continue
-            row.append("%.4f (%.3f)" % (r["val_loss"], r["val_ppl"]))
+            loss = [r["val_loss"] for r in rs]
+            row.append("%s (n = %d)" % (mean_sd(loss, 4), len(loss)))
             if v != "mha":
-                row.append("%+.1f %%" % (100 * (r["val_loss"] - mha["val_loss"]) / mha["val_loss"]) if mha else "-")
-            row.append("%.1f" % r["ms_per_step"])
+                if mha:
+                    m, sd = stats(mha)
+                    gap = stats(loss)[0] - m
+                    row.append("%+.1f %%" % (100 * gap / m) + ("" if not sd else ", %+.1f sd" % (gap / sd)))
+                else:
+                    row.append("-")
+            row.append(mean_sd([r["ms_per_step"] for r in rs], 1))
         lines.append("| " + " | ".join(row) + " |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -109,22 +160,27 @@ def plot(results, out):
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = {}
     styles = ["-", "--", ":", "-."]
-    variants = list(dict.fromkeys(r.get("variant", r["attention"]) for r in results))
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    groups = {}
     for r in results:
-        variant = r.get("variant", r["attention"])
-        name = "%s-%g" % (variant.replace(":", "-"), r["lr_scale"])
-        steps, val = [], []
-        with open(os.path.join(out, name + ".csv")) as f:
-            for row in csv.DictReader(f):
-                steps.append(int(row["step"]))
-                val.append(float(row["val_loss"]))
-        color = colors.setdefault(r["lr_scale"], "C%d" % len(colors))
-        ax.plot(steps, val, color=color, linestyle=styles[variants.index(variant) % len(styles)],
-                label="%s, LR scale %g" % (label(variant), r["lr_scale"]))
+        groups.setdefault((r["variant"], r["lr_scale"]), []).append(r)
+    for (variant, scale), rs in groups.items():
+        curves = []
+        for r in rs:
+            with open(os.path.join(out, r["run"] + ".csv")) as f:
+                curves.append({int(row["step"]): float(row["val_loss"]) for row in csv.DictReader(f)})
+        steps = sorted(set.intersection(*[set(c) for c in curves]))
+        mean = [sum(c[t] for c in curves) / len(curves) for t in steps]
+        color = colors.setdefault(scale, "C%d" % len(colors))
+        ax.plot(steps, mean, color=color, linestyle=styles[variants.index(variant) % len(styles)],
+                label="%s, LR scale %g (%d seed%s)" % (label(variant), scale, len(curves), "" if len(curves) == 1 else "s"))
+        if len(curves) > 1:
+            ax.fill_between(steps, [min(c[t] for c in curves) for t in steps], [max(c[t] for c in curves) for t in steps],
+                            color=color, alpha=0.15, linewidth=0)
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats per byte)")
-    ax.set_title("validation loss: " + ", ".join("%s (%s)" % (label(v), styles[i % len(styles)]) for i, v in enumerate(variants)),
-                 fontsize=9)
+    ax.set_title("validation loss, mean over seeds (range shaded): " +
+                 ", ".join("%s (%s)" % (label(v), styles[i % len(styles)]) for i, v in enumerate(variants)), fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -6,11 +6,14 @@
 //   x = embed(tokens);  for each block:  x += attention(RMSNorm(x));  x += FFN(RMSNorm(x))
 //   logits = RMSNorm(x)·W_head;   loss = mean cross-entropy of each next token
 //
-// A BDA model made by to_bd() from an MHA model computes the same function: both start from the
-// same point. The model's tensors are registered once, in a fixed order, in one ParameterSet;
+// BDA starts either as its own architecture — the basis and coefficients drawn directly, as a
+// training script that swaps MHA for BDA would (the constructor; bda_layer below derives the
+// scales) — or as the BD of an MHA model (to_bd()), which computes the MHA model's function.
+// The model's tensors are registered once, in a fixed order, in one ParameterSet;
 // the model can be moved, not copied (the set views its tensors in place).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -46,15 +49,39 @@ struct ModelConfig {
   }
 };
 
+/// A BDA layer drawn as its own architecture (QK and VO decomposed, every head's window on the
+/// first d_h of the d input channels, as the paper's BDA), for inputs whose entries have variance
+/// v (RMSNorm's output: v ≈ 1). The scales give the layer MHA's statistics at the start
+/// (docs/training.md, "BDA's own initialisation"): a Glorot-uniform projection W (d × d,
+/// Var W_ij = 1/d) gives x·W entries of variance v; C's entries uniform with Var = 1/(d − d_h) give
+/// x[:, R]·C_h that same variance, so K'_h = x[:, S] + x[:, R]·C_h and V'_h have 2v; B_qk and B_vo
+/// Glorot-uniform scaled by 1/√2 then give each score q'·k' (d_h terms of (v/2)·(2v)) and each
+/// output O'·B_vo the variances MHA's q·k (d_h terms of v·v) and O·Wo have.
+template <typename T>
+nn::BDAttention<T> bda_layer(const nn::AttentionConfig& ac, Index d, std::mt19937_64& rng) {
+  const Index n = ac.n_q, dh = ac.head_dim, rest = d - dh;
+  const double coeff_bound = rest > 0 ? std::sqrt(3.0 / double(rest)) : 0.0;  // uniform(−a, a): Var = a²/3
+  nn::BDWeights<T> w;
+  w.qk_basis = glorot<T>(d, n * dh, rng) / T(std::sqrt(2.0));
+  w.qk_coeff = uniform<T>(rest, n * dh, coeff_bound, rng);
+  w.qk_indices = nn::HeadIndices::window(d, dh, 0, n);
+  w.vo_coeff = uniform<T>(rest, n * dh, coeff_bound, rng);
+  w.vo_basis = glorot<T>(n * dh, d, rng) / T(std::sqrt(2.0));
+  w.vo_indices = nn::HeadIndices::window(d, dh, 0, n);
+  return nn::BDAttention<T>::assemble(ac, nn::Mode::QKVO, nn::AttentionWeights<T>{}, std::move(w));
+}
+
 template <typename Attention>
 class LanguageModel {
 public:
   using T = typename Attention::Scalar;
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "training runs in float or double");
 
-  /// A freshly initialised model (MHA), every draw from `seed`.
+  /// A freshly initialised model, every draw from `seed`: MHA with Glorot-uniform Wq, Wk, Wv and
+  /// Wo; BDA as its own architecture (bda_layer: the paper's first-rows windows, B and C drawn).
   LanguageModel(const ModelConfig& c, std::uint64_t seed) : config_(c) {
-    static_assert(std::is_same_v<Attention, nn::MultiHeadAttention<T>>, "initialise an MHA model, then to_bd()");
+    static_assert(std::is_same_v<Attention, nn::MultiHeadAttention<T>> || std::is_same_v<Attention, nn::BDAttention<T>>,
+                  "a language model with MultiHeadAttention or BDAttention");
     c.validate();
     std::mt19937_64 rng(seed);
     embed_ = Embedding<T>(c.vocab, c.dim, rng);
@@ -63,10 +90,17 @@ public:
     ac.head_dim = c.dim / c.heads;
     ac.causal = true;
     for (Index l = 0; l < c.layers; ++l) {
-      nn::AttentionWeights<T> w;
-      w.Wq = glorot<T>(c.dim, c.dim, rng), w.Wk = glorot<T>(c.dim, c.dim, rng);
-      w.Wv = glorot<T>(c.dim, c.dim, rng), w.Wo = glorot<T>(c.dim, c.dim, rng);
-      blocks_.push_back({RMSNorm<T>(c.dim), Attention(ac, std::move(w)), RMSNorm<T>(c.dim), FeedForward<T>(c.dim, c.ffn, rng)});
+      Attention attention = [&] {
+        if constexpr (std::is_same_v<Attention, nn::BDAttention<T>>) {
+          return bda_layer<T>(ac, c.dim, rng);
+        } else {
+          nn::AttentionWeights<T> w;
+          w.Wq = glorot<T>(c.dim, c.dim, rng), w.Wk = glorot<T>(c.dim, c.dim, rng);
+          w.Wv = glorot<T>(c.dim, c.dim, rng), w.Wo = glorot<T>(c.dim, c.dim, rng);
+          return Attention(ac, std::move(w));
+        }
+      }();
+      blocks_.push_back({RMSNorm<T>(c.dim), std::move(attention), RMSNorm<T>(c.dim), FeedForward<T>(c.dim, c.ffn, rng)});
     }
     final_ = RMSNorm<T>(c.dim);
     head_ = nn::DenseLinear<T>(glorot<T>(c.dim, c.vocab, rng));
