@@ -16,6 +16,7 @@
 // The corpus defaults to the King James Bible as Debian's bible-kjv prints it (`bible
 // Gen1:1-Rev22:21`, packages bible-kjv and bible-kjv-text); its last 10 % is held out. One
 // progress line per --log-every steps; the last line is one JSON object.
+#include <bd/core/heap.hpp>
 #include <bd/train/corpus.hpp>
 #include <bd/train/language_model.hpp>
 #include <bd/train/optimizer.hpp>
@@ -181,6 +182,11 @@ int main(int argc, char** argv) {
     if (a.threads > 0) omp_set_num_threads(a.threads);
 #endif
     a.model.validate();
+    // Every step allocates the same activations and gradients and frees them: kept by the
+    // process, they are reused instead of faulted in anew each step (bd/core/heap.hpp); without
+    // it, which blocks glibc returns to the kernel depends on the allocation history, and one
+    // start (BDA from MHA) ran twice as slow as another at the same shapes.
+    bd::keep_freed_heap();
     const std::string text = a.corpus.empty() ? king_james() : bd::train::Corpus::read(a.corpus);
     const bd::train::Corpus corpus(text, std::size_t(a.model.context + 1), 0.1, a.corpus.empty() ? "the King James Bible" : a.corpus);
     bd::train::LanguageModel<bd::nn::MultiHeadAttention<float>> mha(a.model, a.seed);

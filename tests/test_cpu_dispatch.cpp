@@ -54,7 +54,7 @@ TEST_CASE("kernel dispatch: the default is the widest instruction set this CPU h
   }
 }
 
-TEST_CASE("kernel dispatch: BD_CPU names a path; unknown or unavailable ones are refused", "[kernel][cpu]") {
+TEST_CASE("kernel dispatch: BD_CPU names a path — unknown or unavailable ones are refused", "[kernel][cpu]") {
   CHECK(bd::kernel::parse_isa("portable", "BD_CPU") == Isa::Portable);
   BD_CHECK_THROWS_CONTAINING(bd::kernel::parse_isa("sse9", "BD_CPU"), bd::RangeError,
                              Contains("BD_CPU is 'sse9': expected portable, avx2 or avx512"));

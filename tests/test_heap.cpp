@@ -5,9 +5,12 @@
 // threshold comes from the heap instead of its own mapping, and freeing it at the heap's top
 // does not hand the memory back (the trim threshold is 1 GiB); a block above 32 MiB is still
 // mapped. Elsewhere (another C library) it must say it did nothing.
-#include <catch2/catch.hpp>
-
+//
+// heap.hpp is included first, before any other header: it must find out which C library it is
+// on by itself (a program that included it first once compiled keep_freed_heap() to nothing).
 #include <bd/core/heap.hpp>
+
+#include <catch2/catch.hpp>
 
 #include <cstddef>
 #include <cstdlib>

@@ -108,7 +108,7 @@ TEST_CASE("fp16 and bf16: BD logit error within 1.15x (pivoted) of the dense mod
   CHECK(error_ratio<Eigen::bfloat16>(bd::Basis::Pivoted) <= 1.15);
 }
 
-TEST_CASE("LLaMA: QK is refused under RoPE; VO per key/value group is prepared, per query head refused (GQA 2:1)",
+TEST_CASE("LLaMA: QK is refused under RoPE — VO per key/value group is prepared and per query head refused (GQA 2:1)",
           "[real-model][llama]") {
   const Reference& r = reference();
   BD_CHECK_THROWS_CONTAINING(r.model.with_bd_attention<float>(BDAttentionOptions{}.with_mode(Mode::QK)), bd::RefusedError,

@@ -13,6 +13,10 @@
 // (freed blocks are reused, not added to).
 #pragma once
 
+// __GLIBC__ comes from the C library's own headers (features.h): include one before testing it,
+// or a program that includes this header first would compile keep_freed_heap() to nothing.
+#include <cstdlib>
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif

@@ -196,7 +196,9 @@ MatrixA<A> bd_project(const ConstRef<A>& z, const HeadIndices& idx, const Stored
 
 /// The backward of K'_h = z[:, S_h] + z[:, R_h]·C_h (bd_project): given ∂K', returns ∂z and
 /// writes ∂C (C's shape):  ∂C_h = z[:, R_h]ᵀ·∂K'_h,  ∂z[:, S_h] += ∂K'_h,  ∂z[:, R_h] += ∂K'_h·C_hᵀ.
-/// A shared window's heads read the same z[:, R]: one product each for all of them.
+/// A shared window's heads read the same z[:, R]: one product each for all of them. A window's
+/// R is at most two runs of adjacent channels (before and after it), and each run's products read
+/// z and write ∂z in place; per-head pivoted rest channels are gathered and scattered.
 template <typename A, typename S>
 MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
                                const ConstRef<A>& dK, MatrixA<A>& dC, Workspace& ws = default_workspace()) {
@@ -210,13 +212,27 @@ MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, con
     const auto& basis = idx.basis[static_cast<std::size_t>(h)];
     const auto& rest = idx.rest[static_cast<std::size_t>(h)];
     const Index first = idx.shared ? 0 : h, width = idx.shared ? n * d : d;
-    const MatrixA<A> z_rest = z(Eigen::all, rest);
     auto dK_h = dK.middleCols(first * d, width);
     auto dC_h = dC.middleCols(first * d, width);
-    bd::kernel::matmul_into(z_rest.transpose(), dK_h, dC_h, ws);
-    MatrixA<A> dz_rest(L, Index(rest.size()));
-    bd::kernel::matmul_into(dK_h, C.middleCols(first * d, width).transpose(), dz_rest, ws);
-    dz(Eigen::all, rest) += dz_rest;
+    const auto C_h = C.middleCols(first * d, width);
+    if (idx.shared) {
+      // R = [0, offset) ∪ [offset + d, d_in): row block `at` of C_h and ∂C_h is channel run `from`.
+      const Index runs[2][3] = {{0, 0, idx.offset}, {idx.offset, idx.offset + d, idx.input_dim - idx.offset - d}};
+      for (const auto& run : runs) {
+        const Index at = run[0], from = run[1], count = run[2];
+        if (!count) continue;
+        auto dC_run = dC_h.middleRows(at, count);
+        bd::kernel::matmul_into(z.middleCols(from, count).transpose(), dK_h, dC_run, ws);
+        auto dz_run = dz.middleCols(from, count);
+        bd::kernel::matmul_add_into(dK_h, C_h.middleRows(at, count).transpose(), dz_run, ws);
+      }
+    } else {
+      const MatrixA<A> z_rest = z(Eigen::all, rest);
+      bd::kernel::matmul_into(z_rest.transpose(), dK_h, dC_h, ws);
+      MatrixA<A> dz_rest(L, Index(rest.size()));
+      bd::kernel::matmul_into(dK_h, C_h.transpose(), dz_rest, ws);
+      dz(Eigen::all, rest) += dz_rest;
+    }
     for (Index k = 0; k < width; ++k) dz.col(basis[static_cast<std::size_t>(k % d)]) += dK_h.col(k);
   }
   return dz;

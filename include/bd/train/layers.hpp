@@ -60,17 +60,22 @@ public:
     if (length <= 0 || Index(tokens.size()) % length)
       throw ShapeError(bd::detail::message("Embedding: ", tokens.size(), " tokens are not whole sequences of ", length));
     const Index d = dim();
-    Matrix<T> x(Index(tokens.size()), d);
-    const T scale = T(std::sqrt(double(d)));
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      if (tokens[i] < 0 || tokens[i] >= vocab())
-        throw RangeError(bd::detail::message("Embedding: token ", tokens[i], " outside the vocabulary of ", vocab()));
-      const Index p = Index(i) % length;
-      for (Index k = 0; k < d; ++k) {
-        const double angle = double(p) / std::pow(10000.0, double(k - k % 2) / double(d));
-        x(Index(i), k) = table_(tokens[i], k) * scale + T(k % 2 ? std::cos(angle) : std::sin(angle));
+    // PE depends on the position alone: one length × d table per call, added to every sequence.
+    Matrix<T> positions(length, d);
+    for (Index k = 0; k < d; ++k) {
+      const double rate = std::pow(10000.0, double(k - k % 2) / double(d));
+      for (Index p = 0; p < length; ++p) {
+        const double angle = double(p) / rate;
+        positions(p, k) = T(k % 2 ? std::cos(angle) : std::sin(angle));
       }
     }
+    for (const int token : tokens)
+      if (token < 0 || token >= vocab())
+        throw RangeError(bd::detail::message("Embedding: token ", token, " outside the vocabulary of ", vocab()));
+    Matrix<T> x(Index(tokens.size()), d);
+    const T scale = T(std::sqrt(double(d)));
+    for (Index k = 0; k < d; ++k)  // column by column: both x and the table are column-major
+      for (std::size_t i = 0; i < tokens.size(); ++i) x(Index(i), k) = table_(tokens[i], k) * scale + positions(Index(i) % length, k);
     return x;
   }
 
@@ -96,8 +101,9 @@ public:
   explicit RMSNorm(Index d, double eps = 1e-5) : gain_(Vector<T>::Ones(d)), eps_(eps) {}
 
   Matrix<T> forward(const Matrix<T>& x) const {
+    const Vector<T> r = rms(x);
     Matrix<T> y(x.rows(), x.cols());
-    for (Index i = 0; i < x.rows(); ++i) y.row(i) = x.row(i).cwiseProduct(gain_.transpose()) / rms(x, i);
+    for (Index k = 0; k < x.cols(); ++k) y.col(k).array() = x.col(k).array() * gain_(k) / r.array();
     return y;
   }
 
@@ -105,23 +111,33 @@ public:
 
   /// ∂x and {∂gain}.
   nn::Gradients<T> backward(const Matrix<T>& x, const Matrix<T>& dy) const {
+    const Vector<T> r = rms(x);
+    const Index n = x.rows(), d = x.cols();
+    Vector<T> dot = Vector<T>::Zero(n);  // ⟨g ⊙ ∂y, x⟩ per row, summed over channels in order
+    for (Index k = 0; k < d; ++k) dot.array() += dy.col(k).array() * gain_(k) * x.col(k).array();
+    const Vector<T> c = (dot.array() / (T(d) * r.array() * r.array() * r.array())).matrix();
     nn::Gradients<T> g;
-    g.input.resize(x.rows(), x.cols());
-    Vector<T> d_gain = Vector<T>::Zero(gain_.size());
-    const T d = T(x.cols());
-    for (Index i = 0; i < x.rows(); ++i) {
-      const T r = rms(x, i);
-      const auto gdy = dy.row(i).cwiseProduct(gain_.transpose());
-      d_gain += (dy.row(i).cwiseProduct(x.row(i)) / r).transpose();
-      g.input.row(i) = gdy / r - x.row(i) * (gdy.dot(x.row(i)) / (d * r * r * r));
+    g.input.resize(n, d);
+    Vector<T> d_gain(d);
+    for (Index k = 0; k < d; ++k) {
+      g.input.col(k).array() = dy.col(k).array() * gain_(k) / r.array() - x.col(k).array() * c.array();
+      T sum = 0;
+      for (Index i = 0; i < n; ++i) sum += dy(i, k) * x(i, k) / r(i);
+      d_gain(k) = sum;
     }
     g.parameters.push_back(d_gain);
     return g;
   }
 
 private:
-  T rms(const Matrix<T>& x, Index i) const {
-    return T(std::sqrt(double(x.row(i).squaredNorm()) / double(x.cols()) + eps_));
+  /// r per row, √(mean(x²) + ε), the squares summed over channels in order. Column by column:
+  /// the matrix is column-major, so a row's channels lie a column apart.
+  Vector<T> rms(const Matrix<T>& x) const {
+    Vector<T> sum = Vector<T>::Zero(x.rows());
+    for (Index k = 0; k < x.cols(); ++k) sum.array() += x.col(k).array().square();
+    Vector<T> r(x.rows());
+    for (Index i = 0; i < x.rows(); ++i) r(i) = T(std::sqrt(double(sum(i)) / double(x.cols()) + eps_));
+    return r;
   }
   Vector<T> gain_;
   double eps_ = 1e-5;
