@@ -9,7 +9,7 @@ final validation loss and of the step time, and each variant's gap to MHA in uni
 spread) and curves.png (each variant's mean validation loss against step, its seeds' range shaded).
 
   tools/train_sweep.py --train-lm build/examples/train_lm --out docs/train/DATE [--scales 0.5,1,2,4]
-                       [--seeds 1,2,3] [--variants mha,bda] [-- extra train_lm options, e.g. --steps 1500]
+                       [--seeds 1,2,3] [--variants mha,bda] [--jobs 2] [-- extra train_lm options, e.g. --steps 1500]
 
 A variant is mha; bda, BDA as its own architecture (the paper's: first-rows windows, B and C drawn
 directly; train_lm --attention bda); or bda:BASIS, BDA started from the BD of the MHA model's
@@ -17,12 +17,14 @@ initialisation with that basis (train_lm --attention bda --start mha --basis BAS
 paper's windows from that start, bda:pivoted each head's own rows).
 """
 import argparse
+import concurrent.futures
 import csv
 import json
 import math
 import os
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -36,6 +38,10 @@ def main():
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--variants", default="mha,bda")
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at a time (each with train_lm's --threads, e.g. -- --threads 1: on 2 cores two "
+                        "one-thread runs train 1.7x the runs per hour of one two-thread run; step times are then "
+                        "measured with the runs sharing the machine)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="options passed to every train_lm run (after --)")
     a = p.parse_args()
     extra = [x for x in a.extra if x != "--"]
@@ -46,7 +52,9 @@ def main():
     previous = os.path.join(a.out, "results.json")
     if a.merge and os.path.exists(previous):
         with open(previous) as f:
-            results = json.load(f)["runs"]
+            before = json.load(f)
+        results = before["runs"]
+        extra = extra or before.get("extra", [])  # a redraw keeps the options the runs had
         for r in results:
             if "run" not in r:  # from before seeds and --start: one seed, files named by the variant's old name
                 old = r.get("variant") or (r["attention"] if r.get("basis", "first") in ("first", "-")
@@ -56,32 +64,59 @@ def main():
     if not a.train_lm:
         a.variants, a.scales, a.seeds = "", "", ""
     start = time.time()
-    for scale in [float(s) for s in a.scales.split(",") if s]:
-        for seed in [int(s) for s in a.seeds.split(",") if s]:
+    done = {r["run"] for r in results}
+    tasks = []
+    for seed in [int(s) for s in a.seeds.split(",") if s]:  # seed outermost: a sweep cut short has whole seeds
+        for scale in [float(s) for s in a.scales.split(",") if s]:
             for variant in [v for v in a.variants.split(",") if v]:
-                attention, _, basis = variant.partition(":")
                 run_name = "%s-%g-s%d" % (variant.replace(":", "-"), scale, seed)
-                curve = os.path.join(a.out, run_name + ".csv")
-                cmd = [a.train_lm, "--attention", attention, "--lr-scale", str(scale), "--seed", str(seed),
-                       "--eval-every", str(a.eval_every), "--curve", curve]
-                if basis:
-                    cmd += ["--start", "mha", "--basis", basis]
-                cmd += extra
-                print("$ " + " ".join(cmd), flush=True)
-                run = subprocess.run(cmd, capture_output=True, text=True)
-                with open(os.path.join(a.out, run_name + ".log"), "w") as log:
-                    log.write(run.stdout + run.stderr)
-                if run.returncode != 0:
-                    print(run.stdout[-2000:] + run.stderr[-2000:], file=sys.stderr)
-                    sys.exit("train_lm failed for %s" % run_name)
-                j = json.loads(run.stdout.strip().splitlines()[-1])
-                j["variant"], j["run"] = variant, run_name
-                print("  val loss %.4f (ppl %.3f), %.1f ms/step" % (j["val_loss"], j["val_ppl"], j["ms_per_step"]), flush=True)
-                results.append(j)
-    with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump({"runs": results, "seconds": time.time() - start, "extra": extra}, f, indent=1)
+                if run_name not in done:  # --merge resumes a sweep: a run already in results.json is kept
+                    tasks.append((variant, scale, seed, run_name))
+    lock = threading.Lock()
+
+    def run_one(task):
+        variant, scale, seed, run_name = task
+        attention, _, basis = variant.partition(":")
+        curve = os.path.join(a.out, run_name + ".csv")
+        cmd = [a.train_lm, "--attention", attention, "--lr-scale", str(scale), "--seed", str(seed),
+               "--eval-every", str(a.eval_every), "--curve", curve]
+        if basis:
+            cmd += ["--start", "mha", "--basis", basis]
+        cmd += extra
+        print("$ " + " ".join(cmd), flush=True)
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        with open(os.path.join(a.out, run_name + ".log"), "w") as log:
+            log.write(run.stdout + run.stderr)
+        if run.returncode != 0:
+            print(run.stdout[-2000:] + run.stderr[-2000:], file=sys.stderr)
+            raise RuntimeError("train_lm failed for %s" % run_name)
+        j = json.loads(run.stdout.strip().splitlines()[-1])
+        j["variant"], j["run"], j["jobs"] = variant, run_name, a.jobs
+        print("  %s: val loss %.4f (ppl %.3f), %.1f ms/step" % (run_name, j["val_loss"], j["val_ppl"], j["ms_per_step"]),
+              flush=True)
+        with lock:  # results.json after every run: an interrupted sweep resumes with --merge
+            results.append(j)
+            save(results, a.out, time.time() - start, extra)
+        return j
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        for future in [pool.submit(run_one, t) for t in tasks]:
+            try:
+                future.result()
+            except RuntimeError as e:
+                sys.exit("train_sweep: %s" % e)
+    order = {r["run"]: i for i, r in enumerate(results)}
+    results.sort(key=lambda r: (r["lr_scale"], order[r["run"]]))
+    save(results, a.out, time.time() - start, extra)
     write_table(results, os.path.join(a.out, "table.md"))
     plot(results, a.out)
+
+
+def save(results, out, seconds, extra):
+    path = os.path.join(out, "results.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"runs": results, "seconds": seconds, "extra": extra}, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def variant_of(r):
@@ -91,6 +126,12 @@ def variant_of(r):
     if r.get("start", "mha") == "own":
         return "bda"
     return "bda:%s" % r.get("basis", "first")
+
+
+def ordered_variants(results):
+    """MHA first (the baseline every gap is read against), then the others as they first appear."""
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    return sorted(variants, key=lambda v: v != "mha")
 
 
 def label(variant):
@@ -116,7 +157,7 @@ def mean_sd(values, digits):
 def write_table(results, path):
     """One row per LR scale: each variant's final validation loss and step time over its seeds
     (mean ± sd, n), and its gap to MHA's mean, relative and in MHA's standard deviations."""
-    variants = list(dict.fromkeys(r["variant"] for r in results))
+    variants = ordered_variants(results)
     runs = {}
     for r in results:
         runs.setdefault((r["variant"], r["lr_scale"]), []).append(r)
@@ -154,35 +195,47 @@ def plot(results, out):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         print("matplotlib not found (Debian: python3-matplotlib): no curves.png", file=sys.stderr)
         return
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    colors = {}
-    styles = ["-", "--", ":", "-."]
-    variants = list(dict.fromkeys(r["variant"] for r in results))
+    variants = ordered_variants(results)
+    scales = sorted({r["lr_scale"] for r in results})
     groups = {}
     for r in results:
         groups.setdefault((r["variant"], r["lr_scale"]), []).append(r)
-    for (variant, scale), rs in groups.items():
-        curves = []
-        for r in rs:
-            with open(os.path.join(out, r["run"] + ".csv")) as f:
-                curves.append({int(row["step"]): float(row["val_loss"]) for row in csv.DictReader(f)})
-        steps = sorted(set.intersection(*[set(c) for c in curves]))
-        mean = [sum(c[t] for c in curves) / len(curves) for t in steps]
-        color = colors.setdefault(scale, "C%d" % len(colors))
-        ax.plot(steps, mean, color=color, linestyle=styles[variants.index(variant) % len(styles)],
-                label="%s, LR scale %g (%d seed%s)" % (label(variant), scale, len(curves), "" if len(curves) == 1 else "s"))
-        if len(curves) > 1:
-            ax.fill_between(steps, [min(c[t] for c in curves) for t in steps], [max(c[t] for c in curves) for t in steps],
-                            color=color, alpha=0.15, linewidth=0)
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss (nats per byte)")
-    ax.set_title("validation loss, mean over seeds (range shaded): " +
-                 ", ".join("%s (%s)" % (label(v), styles[i % len(styles)]) for i, v in enumerate(variants)), fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
+    # One panel per LR scale, one colour per variant: the seeds' mean as a line, their range shaded.
+    cols = min(2, len(scales))
+    rows = (len(scales) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False, sharey=True)
+    for k, scale in enumerate(scales):
+        ax = axes[k // cols][k % cols]
+        for i, variant in enumerate(variants):
+            rs = groups.get((variant, scale))
+            if not rs:
+                continue
+            curves = []
+            for r in rs:
+                with open(os.path.join(out, r["run"] + ".csv")) as f:
+                    curves.append({int(row["step"]): float(row["val_loss"]) for row in csv.DictReader(f)})
+            steps = [t for t in sorted(set.intersection(*[set(c) for c in curves])) if t > 0]
+            mean = [sum(c[t] for c in curves) / len(curves) for t in steps]
+            ax.plot(steps, mean, color="C%d" % i, linewidth=1.2,
+                    label="%s (%d seed%s)" % (label(variant), len(curves), "" if len(curves) == 1 else "s"))
+            if len(curves) > 1:
+                ax.fill_between(steps, [min(c[t] for c in curves) for t in steps],
+                                [max(c[t] for c in curves) for t in steps], color="C%d" % i, alpha=0.2, linewidth=0)
+        ax.set_title("LR scale %g" % scale, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.1f"))
+        ax.grid(alpha=0.3, which="both")
+        if k % cols == 0:
+            ax.set_ylabel("validation loss (nats/byte)")
+        ax.legend(fontsize=7)
+    for k in range(len(scales), rows * cols):
+        axes[k // cols][k % cols].axis("off")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "curves.png"), dpi=110)
 
