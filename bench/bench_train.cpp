@@ -4,13 +4,18 @@
 //
 //   train/<mha|bda>/<L>   forward(x) then backward(x, ∂y) — what a training step runs per layer
 //                         (the backward recomputes Q, K, V and the softmax rows, attention_layer.hpp)
+//   train/paired/<L>      the two steps alternately, each timed: the median step of each, the
+//                         speedup (ratio of the medians), theoretical_ratio and share_of_theory
 //
 // BDA is QK and VO decomposed (first rows: speed does not depend on which rows). The FLOP count
 // is what the two calls compute, counted below; `theoretical_ratio` is MHA's count over the
 // layer's own, so the speedup a run measures is read against it (a ratio of medians of the two).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -82,10 +87,47 @@ void train_step(benchmark::State& state, bool bd) {
   state.counters["theoretical_ratio"] = step_flops(double(L), false) / step_flops(double(L), bd);
 }
 
+/// MHA's and BDA's steps alternately, each timed on its own (the order swapped every iteration):
+/// the two medians and their ratio come from the same seconds of the machine, so a slow spell
+/// (these shared machines drift by ±10 % over seconds) slows both alike instead of one.
+void train_paired(benchmark::State& state) {
+  const Index L = state.range(0);
+  const TrainPair& pair = train_pair();
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, kDim), dy = Eigen::MatrixXf::Random(L, kDim) * 1e-2f;
+  bd::Workspace ws;
+  std::vector<double> seconds[2];
+  auto step = [&](bool bd) {
+    const auto start = std::chrono::steady_clock::now();
+    const Eigen::MatrixXf y = bd ? pair.bda.forward(x, ws) : pair.mha.forward(x, ws);
+    const bd::nn::Gradients<float> g = bd ? pair.bda.backward(x, dy, ws) : pair.mha.backward(x, dy, ws);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::DoNotOptimize(g.input.data());
+    seconds[bd].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  };
+  bool bd_first = false;
+  for (auto _ : state) {
+    step(bd_first), step(!bd_first);
+    bd_first = !bd_first;
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const double mha = median(seconds[0]), bda = median(seconds[1]);
+  const double theory = step_flops(double(L), false) / step_flops(double(L), true);
+  state.counters["mha_ms"] = mha * 1e3;
+  state.counters["bda_ms"] = bda * 1e3;
+  state.counters["speedup"] = mha / bda;
+  state.counters["theoretical_ratio"] = theory;
+  state.counters["share_of_theory"] = mha / bda / theory;
+}
+
 int register_all() {
   for (const bool bd : {false, true})
     benchmark::RegisterBenchmark(bd ? "train/bda" : "train/mha", [bd](benchmark::State& s) { train_step(s, bd); })
         ->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+  benchmark::RegisterBenchmark("train/paired", train_paired)
+      ->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
   return 0;
 }
 const int registered = register_all();

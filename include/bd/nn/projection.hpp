@@ -206,7 +206,9 @@ MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, con
   const Index n = idx.heads(), d = idx.head_dim, L = z.rows();
   if (z.cols() != idx.input_dim || dK.rows() != L || dK.cols() != n * d || C.rows() != idx.input_dim - d || C.cols() != n * d)
     throw ShapeError("bd_project_backward: z, C and dK do not fit the head indices");
-  MatrixA<A> dz = MatrixA<A>::Zero(L, idx.input_dim);
+  // A shared window writes every column of ∂z (its rest runs by one product each, its basis
+  // channels as Σ_h ∂K'_h): no zeroing first. Pivoted heads overlap, and add into zeros.
+  MatrixA<A> dz = idx.shared ? MatrixA<A>(L, idx.input_dim) : MatrixA<A>::Zero(L, idx.input_dim);
   dC.resize(C.rows(), C.cols());
   for (Index h = 0; h < (idx.shared ? 1 : n); ++h) {
     const auto& basis = idx.basis[static_cast<std::size_t>(h)];
@@ -224,16 +226,19 @@ MatrixA<A> bd_project_backward(const ConstRef<A>& z, const HeadIndices& idx, con
         auto dC_run = dC_h.middleRows(at, count);
         bd::kernel::matmul_into(z.middleCols(from, count).transpose(), dK_h, dC_run, ws);
         auto dz_run = dz.middleCols(from, count);
-        bd::kernel::matmul_add_into(dK_h, C_h.middleRows(at, count).transpose(), dz_run, ws);
+        bd::kernel::matmul_into(dK_h, C_h.middleRows(at, count).transpose(), dz_run, ws);
       }
+      auto dz_basis = dz.middleCols(idx.offset, d);  // Σ_h ∂K'_h, in head order
+      dz_basis = dK_h.leftCols(d);
+      for (Index k = 1; k < n; ++k) dz_basis += dK_h.middleCols(k * d, d);
     } else {
       const MatrixA<A> z_rest = z(Eigen::all, rest);
       bd::kernel::matmul_into(z_rest.transpose(), dK_h, dC_h, ws);
       MatrixA<A> dz_rest(L, Index(rest.size()));
       bd::kernel::matmul_into(dK_h, C_h.transpose(), dz_rest, ws);
       dz(Eigen::all, rest) += dz_rest;
+      for (Index k = 0; k < d; ++k) dz.col(basis[static_cast<std::size_t>(k)]) += dK_h.col(k);
     }
-    for (Index k = 0; k < width; ++k) dz.col(basis[static_cast<std::size_t>(k % d)]) += dK_h.col(k);
   }
   return dz;
 }
