@@ -1,6 +1,10 @@
 // BDLinear equals the low-rank layer it replaces and saves r/(d_in + d_out) of it.
 #include <bd/nn/bd_linear.hpp>
 
+#include <cmath>
+
+#include <Eigen/QR>
+
 #include "nn_support.hpp"
 
 using bd::nn::BDLinear;
@@ -49,12 +53,22 @@ TEST_CASE("BDLinear equals the low-rank layer on every kernel path, packed and d
 }
 
 TEST_CASE("BDLinear from a dense W: truncation error reported apart from the BD error", "[linear]") {
-  const Eigen::MatrixXd W = bd_test::gaussian(64, 48, 3);
+  // W with a known SVD, W = Q1·diag(σ)·Q2ᵀ (Q1, Q2 orthonormal, from QR of Gaussians), σ_k = 2^(−k/4):
+  // its best rank-12 approximation is the first 12 terms (Eckart–Young), and the truncation drops
+  // Σ_{k ≥ 12} σ_k². The gap σ_11/σ_12 = 2^(1/4) keeps that subspace well conditioned.
+  const Eigen::MatrixXd Q1 = Eigen::HouseholderQR<Eigen::MatrixXd>(bd_test::gaussian(64, 48, 3)).householderQ() *
+                             Eigen::MatrixXd::Identity(64, 48);
+  const Eigen::MatrixXd Q2 = Eigen::HouseholderQR<Eigen::MatrixXd>(bd_test::gaussian(48, 48, 5)).householderQ() *
+                             Eigen::MatrixXd::Identity(48, 48);
+  Eigen::VectorXd sigma(48);
+  for (Eigen::Index k = 0; k < 48; ++k) sigma(k) = std::pow(2.0, -double(k) / 4);
+  const Eigen::MatrixXd W = Q1 * sigma.asDiagonal() * Q2.transpose();
+  const Eigen::MatrixXd W12 = Q1.leftCols(12) * sigma.head(12).asDiagonal() * Q2.leftCols(12).transpose();
   const auto layer = BDLinear<double>::from_dense(W, 12);
-  Eigen::BDCSVD<Eigen::MatrixXd> svd(W, Eigen::ComputeThinU | Eigen::ComputeThinV);
-  const Eigen::MatrixXd W12 = svd.matrixU().leftCols(12) * svd.singularValues().head(12).asDiagonal() *
-                              svd.matrixV().leftCols(12).transpose();
-  CHECK(layer.truncation_nmse() == Approx((W - W12).squaredNorm() / W.squaredNorm()).epsilon(1e-10));
+  CHECK(layer.truncation_nmse() == Approx(sigma.tail(36).squaredNorm() / sigma.squaredNorm()).epsilon(1e-10));
+  CHECK((W - W12).squaredNorm() / W.squaredNorm() == Approx(layer.truncation_nmse()).epsilon(1e-10));
+  BD_CHECK_THROWS_CONTAINING(bd::truncated_svd<double>(W, 49), bd::RangeError,
+                             Contains("truncated_svd: rank 49 of a 64x48 matrix; expected 1 to 48"));
   CHECK(layer.report().nmse < 1e-24);  // BD itself is exact for the rank-12 truncation
   const Eigen::MatrixXd x = bd_test::gaussian(5, 64, 4);
   CHECK(max_rel(layer.forward(x), x * W12) < 1e-12);

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include <Eigen/Core>
-#include <Eigen/SVD>
 
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/decompose.hpp"
+#include "bd/core/truncated_svd.hpp"
 #include "bd/kernel/gemm.hpp"
 #include "bd/nn/dense_linear.hpp"
 #include "bd/nn/gradients.hpp"
@@ -49,7 +49,7 @@ public:
     return out;
   }
 
-  /// From a dense W (d_in × d_out): truncated SVD to `rank` (Eigen's BDCSVD), then BD.
+  /// From a dense W (d_in × d_out): truncated SVD to `rank` (core/truncated_svd.hpp), then BD.
   /// truncation_nmse() is the SVD's error, report().nmse the BD error against the truncation.
   template <typename Derived>
   static BDLinear from_dense(const Eigen::MatrixBase<Derived>& W, Index rank, bd::Options opts = {},
@@ -57,16 +57,11 @@ public:
     bd::detail::require_nonempty(W, "W");
     bd::detail::require_finite(W, "W");
     bd::detail::require_rank(rank, W.rows(), W.cols(), "W");
-    const Eigen::MatrixXd Wd = W.template cast<double>();
-    Eigen::BDCSVD<Eigen::MatrixXd> svd(Wd, Eigen::ComputeThinU | Eigen::ComputeThinV);
-    const Eigen::VectorXd sigma = svd.singularValues();
-    const Eigen::MatrixXd U = svd.matrixU().leftCols(rank) * sigma.head(rank).asDiagonal();
-    const Eigen::MatrixXd V = svd.matrixV().leftCols(rank);
+    const bd::TruncatedSVD<double> svd = bd::truncated_svd<double>(W.template cast<double>(), rank);
     opts.side = bd::Side::Col;
     BDLinear out;
-    out.decomposition_ = bd::decompose_product<S>(U, V, opts);
-    const double energy = Wd.squaredNorm();
-    out.truncation_nmse_ = energy > 0 ? sigma.tail(sigma.size() - rank).squaredNorm() / energy : 0.0;
+    out.decomposition_ = bd::decompose_product<S>(svd.U, svd.V, opts);
+    out.truncation_nmse_ = svd.energy > 0 ? svd.dropped_energy / svd.energy : 0.0;
     out.finish(bias);
     return out;
   }
