@@ -51,63 +51,18 @@ public:
   Matrix forward(const Input& x, Workspace& ws = default_workspace()) const { return forward(x, x, ws); }
 
   /// Cross-attention: queries from x, keys and values from x_kv.
-  Matrix forward(const Input& x, const Input& x_kv, Workspace& ws = default_workspace()) const {
-    require_inputs(x, x_kv);
-    require_window(std::max(x.rows(), x_kv.rows()));
-    const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_kv, ws) : Matrix();
-    const Input z = has_latent() ? Input(z_storage) : x_kv;
-    const Matrix K = self().keys(z, 0, ws), V = self().values(z, ws);
-    const Matrix Kr = detail::rope_keys<A>(config(), weights(), x_kv, 0, ws);
-    return attend_and_output(x, K, V, Kr, 0, ws);
-  }
+  Matrix forward(const Input& x, const Input& x_kv, Workspace& ws = default_workspace()) const;
 
   /// Self-attention decoding: appends x_new's keys and values to the cache, attends to all of
   /// them, returns the outputs of the new tokens. Equal to forward() on the whole sequence.
-  Matrix decode(const Input& x_new, Cache& cache, Workspace& ws = default_workspace()) const {
-    require_inputs(x_new, x_new);
-    const Index start = cache.length();
-    require_window(start + x_new.rows());
-    const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_new, ws) : Matrix();
-    const Input z = has_latent() ? Input(z_storage) : x_new;
-    cache.append(self().keys(z, start, ws), self().values(z, ws), detail::rope_keys<A>(config(), weights(), x_new, start, ws));
-    return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start, ws);
-  }
+  Matrix decode(const Input& x_new, Cache& cache, Workspace& ws = default_workspace()) const;
 
   /// MLA prefill or chunked prefill: appends x_new's latents to the cache and attends to the
   /// whole context, by the path `path` names; `automatic` takes the one the cost model says is
   /// cheaper for this chunk and context (chunk_plan(): K/V recomputed from the latent, Algorithm
   /// 2 for BD, or absorbed). Equal to forward() on the whole sequence either way.
   Matrix prefill(const Input& x_new, Latent& cache, PrefillPath path = PrefillPath::Automatic,
-                 Workspace& ws = default_workspace()) const {
-    detail::require_latent_layer(config(), weights(), "prefill over a latent cache");
-    require_inputs(x_new, x_new);
-    require_window(cache.length() + x_new.rows());
-    if (path == PrefillPath::Automatic) path = plan_chunk(x_new.rows(), cache.length() + x_new.rows()).path;
-    if (path == PrefillPath::Absorbed) return decode_absorbed(x_new, cache, ws);
-    const AttentionConfig& c = config();
-    const Index start = cache.length();
-    detail::append_latent<A>(c, weights(), x_new, cache, ws);
-    // K/V of the context recomputed block by block and attended to as they are made: the
-    // context's K and V (L × n·d_h each: 2 GB at DeepSeek's shape and 16k tokens) never exist,
-    // and each block's stay in cache between their product and their use.
-    const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x_new, ws) : Matrix();
-    const Input xq = has_lora() ? Input(xq_storage) : x_new;
-    const Matrix Q = self().queries(xq, start, ws);
-    const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, start, ws);
-    const Input Qr_ref(Qr);
-    const Index context = cache.length();
-    std::optional<StreamedAttention<A>> attention;
-    for (Index k0 = 0; k0 < context; k0 += recompute_block) {
-      const Index n = std::min(recompute_block, context - k0);
-      const Input z(cache.latent().middleRows(k0, n)), Kr(cache.rope_keys().middleRows(k0, n));
-      const Matrix K = self().keys(z, k0, ws), V = self().values(z, ws);
-      if (!attention)
-        attention.emplace(Q.rows(), detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim,
-                                                      c.value_dim(), start), ws);
-      attention->add(Q, K, V, k0, c.rope_dim ? &Qr_ref : nullptr, c.rope_dim ? &Kr : nullptr);
-    }
-    return self().output(attention->finish(), ws);
-  }
+                 Workspace& ws = default_workspace()) const;
 
   /// Training: the backward of forward(x) (self-attention), given ∂y; ∂x and the gradients of
   /// the layer's trainable() tensors, in their order. The forward is recomputed (keeping only
@@ -122,27 +77,7 @@ public:
   }
 
   /// The backward of forward(x, x_kv): ∂x, ∂x_kv and the parameters' gradients.
-  Gradients<A> backward(const Input& x, const Input& x_kv, const Input& dy, Workspace& ws = default_workspace()) const {
-    if (has_latent() || has_lora() || config().rope_dim)
-      throw RefusedError("attention backward: MLA (a latent, query LoRA or decoupled RoPE) is not implemented");
-    require_inputs(x, x_kv);
-    if (dy.rows() != x.rows() || dy.cols() != self().output_dim())
-      throw ShapeError(bd::detail::message("attention backward: dy is ", dy.rows(), "x", dy.cols(), ", expected ", x.rows(), "x",
-                                           self().output_dim()));
-    const AttentionConfig& c = config();
-    const Matrix Q = self().queries(x, 0, ws), K = self().keys(x_kv, 0, ws), V = self().values(x_kv, ws);
-    const AttendSpec spec = detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim, c.value_dim(), 0);
-    std::vector<A> lse;
-    const Matrix O = attend_with_lse<A>(Q, K, V, spec, lse, ws);
-    Gradients<A> g;
-    g.parameters = self().zero_gradients();
-    const Matrix dO = self().output_backward(O, dy, g.parameters, ws);
-    const AttentionInputGrads<A> d = attend_backward<A>(Q, K, V, O, dO, lse, spec, ws);
-    g.input = self().queries_backward(x, d.dQ, 0, g.parameters, ws);
-    g.kv_input = self().keys_backward(x_kv, d.dK, 0, g.parameters, ws);
-    g.kv_input += self().values_backward(x_kv, d.dV, g.parameters, ws);
-    return g;
-  }
+  Gradients<A> backward(const Input& x, const Input& x_kv, const Input& dy, Workspace& ws = default_workspace()) const;
 
   /// Context tokens whose K/V (K'/V') prefill recomputes at a time: enough rows that packing the
   /// up-projection's weights once per block costs little against the block's product.
@@ -158,22 +93,7 @@ public:
   /// mapped into the latent, Q̃_h·cᵀ = Q_h·K_hᵀ, every head attends to the one shared latent
   /// (multi-query attention with c as key and value: one product for all heads), and Õ_h = P_h·c
   /// is mapped out. Equal to prefill() and to forward() on the whole sequence.
-  Matrix decode_absorbed(const Input& x_new, Latent& cache, Workspace& ws = default_workspace()) const {
-    detail::require_latent_layer(config(), weights(), "absorbed decoding");
-    require_inputs(x_new, x_new);
-    require_window(cache.length() + x_new.rows());
-    const AttentionConfig& c = config();
-    const Index start = cache.length();
-    detail::append_latent<A>(c, weights(), x_new, cache, ws);
-    const Index dc = cache.latent_dim();
-    const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x_new, ws) : Matrix();
-    const Input xq = has_lora() ? Input(xq_storage) : x_new;
-    const Matrix Qt = self().absorb_queries(self().queries(xq, start, ws), ws);
-    const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, start, ws);
-    const Input C(cache.latent());
-    const Matrix Ot = detail::attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, start, ws);
-    return self().output(self().absorb_values(Ot, ws), ws);
-  }
+  Matrix decode_absorbed(const Input& x_new, Latent& cache, Workspace& ws = default_workspace()) const;
 
 private:
   const Derived& self() const { return static_cast<const Derived&>(*this); }
@@ -197,16 +117,136 @@ private:
   }
 
   Matrix attend_and_output(const Input& x, const Input& K, const Input& V, const Input& Kr, Index first_position,
-                           Workspace& ws) const {
-    const AttentionConfig& c = config();
-    const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x, ws) : Matrix();
-    const Input xq = has_lora() ? Input(xq_storage) : x;
-    const Matrix Q = self().queries(xq, first_position, ws);
-    const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, first_position, ws);
-    const Index n_k = K.cols() / c.head_dim, n_v = V.cols() / c.value_dim();
-    const Matrix O = detail::attend_heads<A>(c, Q, Qr, K, V, Kr, n_k, n_v, c.head_dim, c.value_dim(), first_position, ws);
-    return self().output(O, ws);
-  }
+                           Workspace& ws) const;
 };
+
+// The algorithm's members, defined out of the class so that bd::compiled can hold them: a member
+// defined in its class is implicitly inline, and GCC compiles it in every caller whatever an
+// `extern template` declaration says (multi_head_attention.hpp and bd_attention.hpp list them).
+
+template <typename Derived, typename A>
+auto AttentionLayer<Derived, A>::forward(const Input& x, const Input& x_kv, Workspace& ws) const -> Matrix {
+  require_inputs(x, x_kv);
+  require_window(std::max(x.rows(), x_kv.rows()));
+  const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_kv, ws) : Matrix();
+  const Input z = has_latent() ? Input(z_storage) : x_kv;
+  const Matrix K = self().keys(z, 0, ws), V = self().values(z, ws);
+  const Matrix Kr = detail::rope_keys<A>(config(), weights(), x_kv, 0, ws);
+  return attend_and_output(x, K, V, Kr, 0, ws);
+}
+
+template <typename Derived, typename A>
+auto AttentionLayer<Derived, A>::decode(const Input& x_new, Cache& cache, Workspace& ws) const -> Matrix {
+  require_inputs(x_new, x_new);
+  const Index start = cache.length();
+  require_window(start + x_new.rows());
+  const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_new, ws) : Matrix();
+  const Input z = has_latent() ? Input(z_storage) : x_new;
+  cache.append(self().keys(z, start, ws), self().values(z, ws), detail::rope_keys<A>(config(), weights(), x_new, start, ws));
+  return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start, ws);
+}
+
+template <typename Derived, typename A>
+auto AttentionLayer<Derived, A>::prefill(const Input& x_new, Latent& cache, PrefillPath path, Workspace& ws) const -> Matrix {
+  detail::require_latent_layer(config(), weights(), "prefill over a latent cache");
+  require_inputs(x_new, x_new);
+  require_window(cache.length() + x_new.rows());
+  if (path == PrefillPath::Automatic) path = plan_chunk(x_new.rows(), cache.length() + x_new.rows()).path;
+  if (path == PrefillPath::Absorbed) return decode_absorbed(x_new, cache, ws);
+  const AttentionConfig& c = config();
+  const Index start = cache.length();
+  detail::append_latent<A>(c, weights(), x_new, cache, ws);
+  // K/V of the context recomputed block by block and attended to as they are made: the
+  // context's K and V (L × n·d_h each: 2 GB at DeepSeek's shape and 16k tokens) never exist,
+  // and each block's stay in cache between their product and their use.
+  const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x_new, ws) : Matrix();
+  const Input xq = has_lora() ? Input(xq_storage) : x_new;
+  const Matrix Q = self().queries(xq, start, ws);
+  const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, start, ws);
+  const Input Qr_ref(Qr);
+  const Index context = cache.length();
+  std::optional<StreamedAttention<A>> attention;
+  for (Index k0 = 0; k0 < context; k0 += recompute_block) {
+    const Index n = std::min(recompute_block, context - k0);
+    const Input z(cache.latent().middleRows(k0, n)), Kr(cache.rope_keys().middleRows(k0, n));
+    const Matrix K = self().keys(z, k0, ws), V = self().values(z, ws);
+    if (!attention)
+      attention.emplace(Q.rows(), detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim,
+                                                    c.value_dim(), start), ws);
+    attention->add(Q, K, V, k0, c.rope_dim ? &Qr_ref : nullptr, c.rope_dim ? &Kr : nullptr);
+  }
+  return self().output(attention->finish(), ws);
+}
+
+template <typename Derived, typename A>
+Gradients<A> AttentionLayer<Derived, A>::backward(const Input& x, const Input& x_kv, const Input& dy, Workspace& ws) const {
+  if (has_latent() || has_lora() || config().rope_dim)
+    throw RefusedError("attention backward: MLA (a latent, query LoRA or decoupled RoPE) is not implemented");
+  require_inputs(x, x_kv);
+  if (dy.rows() != x.rows() || dy.cols() != self().output_dim())
+    throw ShapeError(bd::detail::message("attention backward: dy is ", dy.rows(), "x", dy.cols(), ", expected ", x.rows(), "x",
+                                         self().output_dim()));
+  const AttentionConfig& c = config();
+  const Matrix Q = self().queries(x, 0, ws), K = self().keys(x_kv, 0, ws), V = self().values(x_kv, ws);
+  const AttendSpec spec = detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim, c.value_dim(), 0);
+  std::vector<A> lse;
+  const Matrix O = attend_with_lse<A>(Q, K, V, spec, lse, ws);
+  Gradients<A> g;
+  g.parameters = self().zero_gradients();
+  const Matrix dO = self().output_backward(O, dy, g.parameters, ws);
+  const AttentionInputGrads<A> d = attend_backward<A>(Q, K, V, O, dO, lse, spec, ws);
+  g.input = self().queries_backward(x, d.dQ, 0, g.parameters, ws);
+  g.kv_input = self().keys_backward(x_kv, d.dK, 0, g.parameters, ws);
+  g.kv_input += self().values_backward(x_kv, d.dV, g.parameters, ws);
+  return g;
+}
+
+template <typename Derived, typename A>
+auto AttentionLayer<Derived, A>::decode_absorbed(const Input& x_new, Latent& cache, Workspace& ws) const -> Matrix {
+  detail::require_latent_layer(config(), weights(), "absorbed decoding");
+  require_inputs(x_new, x_new);
+  require_window(cache.length() + x_new.rows());
+  const AttentionConfig& c = config();
+  const Index start = cache.length();
+  detail::append_latent<A>(c, weights(), x_new, cache, ws);
+  const Index dc = cache.latent_dim();
+  const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x_new, ws) : Matrix();
+  const Input xq = has_lora() ? Input(xq_storage) : x_new;
+  const Matrix Qt = self().absorb_queries(self().queries(xq, start, ws), ws);
+  const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, start, ws);
+  const Input C(cache.latent());
+  const Matrix Ot = detail::attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, start, ws);
+  return self().output(self().absorb_values(Ot, ws), ws);
+}
+
+template <typename Derived, typename A>
+auto AttentionLayer<Derived, A>::attend_and_output(const Input& x, const Input& K, const Input& V, const Input& Kr,
+                                                 Index first_position, Workspace& ws) const -> Matrix {
+  const AttentionConfig& c = config();
+  const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x, ws) : Matrix();
+  const Input xq = has_lora() ? Input(xq_storage) : x;
+  const Matrix Q = self().queries(xq, first_position, ws);
+  const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, first_position, ws);
+  const Index n_k = K.cols() / c.head_dim, n_v = V.cols() / c.value_dim();
+  const Matrix O = detail::attend_heads<A>(c, Q, Qr, K, V, Kr, n_k, n_v, c.head_dim, c.value_dim(), first_position, ws);
+  return self().output(O, ws);
+}
+
+/// The members bd::compiled holds for a layer type (multi_head_attention.hpp and bd_attention.hpp
+/// expand these for their stored types); `backward` for the trainable ones (weights in float or
+/// double) only.
+#define BD_ATTENTION_LAYER_MEMBERS(prefix, Layer, A)                                                             \
+  prefix MatrixA<A> AttentionLayer<Layer, A>::forward(const Eigen::Ref<const MatrixA<A>>&,                       \
+                                                      const Eigen::Ref<const MatrixA<A>>&, Workspace&) const;    \
+  prefix MatrixA<A> AttentionLayer<Layer, A>::decode(const Eigen::Ref<const MatrixA<A>>&, KVCache<A>&,           \
+                                                     Workspace&) const;                                          \
+  prefix MatrixA<A> AttentionLayer<Layer, A>::prefill(const Eigen::Ref<const MatrixA<A>>&, LatentCache<A>&,      \
+                                                      PrefillPath, Workspace&) const;                            \
+  prefix MatrixA<A> AttentionLayer<Layer, A>::decode_absorbed(const Eigen::Ref<const MatrixA<A>>&,               \
+                                                              LatentCache<A>&, Workspace&) const;
+#define BD_ATTENTION_LAYER_BACKWARD(prefix, Layer, A)                                                            \
+  prefix Gradients<A> AttentionLayer<Layer, A>::backward(const Eigen::Ref<const MatrixA<A>>&,                    \
+                                                         const Eigen::Ref<const MatrixA<A>>&,                    \
+                                                         const Eigen::Ref<const MatrixA<A>>&, Workspace&) const;
 
 }  // namespace bd::nn

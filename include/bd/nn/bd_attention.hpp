@@ -60,41 +60,7 @@ public:
   /// Preparation's scratch memory is kept in `ws` for the next layer's (base/workspace.hpp).
   template <typename T>
   static BDAttention prepare(const MultiHeadAttention<T>& dense, const BDAttentionOptions& opts, Workspace& ws) {
-    const AttentionConfig& c = dense.config();
-    if (has_qk(opts.mode) && c.rope_theta > 0 && !opts.force)
-      throw RefusedError(bd::detail::message(
-          "BD on QK is not exact under RoPE: rotary embeddings rotate q and k by position, and "
-          "Wq·R(n−m)·Wkᵀ is not B·R(n−m)·[I, C]; use mode vo (exact under RoPE), or force to accept the error"));
-    const AttentionWeights<double> w = dense.weights().template cast<double>();
-    const Windows windows = c.group() > 1 ? opts.windows : Windows::PerGroup;
-    const CostComparison cost = attention_cost(AttentionShape::of(c, w), opts.mode, windows);
-    std::vector<std::string> warnings;
-    if (!cost.worthwhile()) {
-      const std::string why = bd::detail::message(
-          cost.describe(), ". With n_q/n_kv = ", c.group(), " query heads per key/value head and a window per query head, K'/V' need ",
-          c.n_q, " heads instead of ", c.n_kv, cost.slower() ? ": the layer gets slower" : "",
-          cost.larger_cache() ? (cost.slower() ? " and its KV cache larger" : ": its KV cache gets larger") : "",
-          " (Windows::PerGroup, one window per key/value group, keeps ", c.n_kv, ")");
-      if (opts.cost_policy == CostPolicy::Refuse)
-        throw RefusedError("BD refused by the cost model: " + why + "; set CostPolicy::Warn or Allow to prepare it anyway");
-      if (opts.cost_policy == CostPolicy::Warn) warnings.push_back(why);
-    }
-    AttentionWeights<S> rest = w.template cast<S>();  // the parts BD leaves alone, stored in S
-    BDWeights<S> bd;
-    ProductReport qk, vo;
-    if (has_qk(opts.mode)) {
-      qk = detail::decompose_qk<S>(c, w, windows, opts.decomposition, ws, bd);
-      rest.Wq.resize(0, 0), rest.Wk.resize(0, 0), rest.bq.resize(0), rest.bk.resize(0);
-    }
-    if (has_vo(opts.mode)) {
-      vo = detail::decompose_vo<S>(c, w, windows, opts.decomposition, ws, bd);
-      rest.Wv.resize(0, 0), rest.Wo.resize(0, 0), rest.bv.resize(0), rest.bo.resize(0);
-    }
-    BDAttention out = assemble(c, opts.mode, std::move(rest), std::move(bd));
-    if (has_qk(opts.mode)) out.qk_report_ = std::move(qk);
-    if (has_vo(opts.mode)) out.vo_report_ = std::move(vo);
-    out.warnings_ = std::move(warnings);
-    return out;
+    return prepare_from(dense.config(), dense.weights().template cast<double>(), opts, ws);
   }
 
   /// The same with scratch memory of its own, freed on return.
@@ -192,6 +158,8 @@ public:
   }
 
 private:
+  static BDAttention prepare_from(const AttentionConfig& c, const AttentionWeights<double>& w,
+                                  const BDAttentionOptions& opts, Workspace& ws);
   friend class AttentionLayer<BDAttention<S>, A>;
 
   // The projection policy (attention_layer.hpp): the decomposed families through their basis and
@@ -309,5 +277,62 @@ private:
   CostComparison cost_;
   std::vector<std::string> warnings_;
 };
+
+/// prepare()'s work, once the dense layer's weights are in double: one function per stored type
+/// S whatever the dense layer's, which bd::compiled holds (the list below).
+template <typename S>
+BDAttention<S> BDAttention<S>::prepare_from(const AttentionConfig& c, const AttentionWeights<double>& w,
+                                            const BDAttentionOptions& opts, Workspace& ws) {
+  if (has_qk(opts.mode) && c.rope_theta > 0 && !opts.force)
+    throw RefusedError(bd::detail::message(
+        "BD on QK is not exact under RoPE: rotary embeddings rotate q and k by position, and "
+        "Wq·R(n−m)·Wkᵀ is not B·R(n−m)·[I, C]; use mode vo (exact under RoPE), or force to accept the error"));
+  const Windows windows = c.group() > 1 ? opts.windows : Windows::PerGroup;
+  const CostComparison cost = attention_cost(AttentionShape::of(c, w), opts.mode, windows);
+  std::vector<std::string> warnings;
+  if (!cost.worthwhile()) {
+    const std::string why = bd::detail::message(
+        cost.describe(), ". With n_q/n_kv = ", c.group(), " query heads per key/value head and a window per query head, K'/V' need ",
+        c.n_q, " heads instead of ", c.n_kv, cost.slower() ? ": the layer gets slower" : "",
+        cost.larger_cache() ? (cost.slower() ? " and its KV cache larger" : ": its KV cache gets larger") : "",
+        " (Windows::PerGroup, one window per key/value group, keeps ", c.n_kv, ")");
+    if (opts.cost_policy == CostPolicy::Refuse)
+      throw RefusedError("BD refused by the cost model: " + why + "; set CostPolicy::Warn or Allow to prepare it anyway");
+    if (opts.cost_policy == CostPolicy::Warn) warnings.push_back(why);
+  }
+  AttentionWeights<S> rest = w.template cast<S>();  // the parts BD leaves alone, stored in S
+  BDWeights<S> bd;
+  ProductReport qk, vo;
+  if (has_qk(opts.mode)) {
+    qk = detail::decompose_qk<S>(c, w, windows, opts.decomposition, ws, bd);
+    rest.Wq.resize(0, 0), rest.Wk.resize(0, 0), rest.bq.resize(0), rest.bk.resize(0);
+  }
+  if (has_vo(opts.mode)) {
+    vo = detail::decompose_vo<S>(c, w, windows, opts.decomposition, ws, bd);
+    rest.Wv.resize(0, 0), rest.Wo.resize(0, 0), rest.bv.resize(0), rest.bo.resize(0);
+  }
+  BDAttention out = assemble(c, opts.mode, std::move(rest), std::move(bd));
+  if (has_qk(opts.mode)) out.qk_report_ = std::move(qk);
+  if (has_vo(opts.mode)) out.vo_report_ = std::move(vo);
+  out.warnings_ = std::move(warnings);
+  return out;
+}
+
+/// The BD layers bd::compiled holds (src/compiled_nn.cpp), extern under BD_COMPILED_LIB: the
+/// algorithm's members and preparation for every stored type, trainable in float and double.
+#define BD_BD_ATTENTION_MEMBERS(prefix, S)                                                             \
+  BD_ATTENTION_LAYER_MEMBERS(prefix, BDAttention<S>, acc_t<S>)                                         \
+  prefix BDAttention<S> BDAttention<S>::prepare_from(const AttentionConfig&, const AttentionWeights<double>&, \
+                                                     const BDAttentionOptions&, Workspace&);
+#define BD_BD_ATTENTION_INSTANTIATIONS(prefix)                 \
+  BD_BD_ATTENTION_MEMBERS(prefix, float)                       \
+  BD_ATTENTION_LAYER_BACKWARD(prefix, BDAttention<float>, float) \
+  BD_BD_ATTENTION_MEMBERS(prefix, double)                      \
+  BD_ATTENTION_LAYER_BACKWARD(prefix, BDAttention<double>, double) \
+  BD_BD_ATTENTION_MEMBERS(prefix, Eigen::half)                 \
+  BD_BD_ATTENTION_MEMBERS(prefix, Eigen::bfloat16)
+#if defined(BD_COMPILED_LIB)
+BD_BD_ATTENTION_INSTANTIATIONS(extern template)
+#endif
 
 }  // namespace bd::nn

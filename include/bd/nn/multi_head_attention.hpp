@@ -139,4 +139,17 @@ private:
   AttentionShape shape_;
 };
 
+/// The dense layers bd::compiled holds (src/compiled_nn.cpp), extern under BD_COMPILED_LIB:
+/// every stored type the models load, trainable in float and double.
+#define BD_MULTI_HEAD_ATTENTION_INSTANTIATIONS(prefix)                      \
+  BD_ATTENTION_LAYER_MEMBERS(prefix, MultiHeadAttention<float>, float)      \
+  BD_ATTENTION_LAYER_BACKWARD(prefix, MultiHeadAttention<float>, float)     \
+  BD_ATTENTION_LAYER_MEMBERS(prefix, MultiHeadAttention<double>, double)    \
+  BD_ATTENTION_LAYER_BACKWARD(prefix, MultiHeadAttention<double>, double)   \
+  BD_ATTENTION_LAYER_MEMBERS(prefix, MultiHeadAttention<Eigen::half>, float) \
+  BD_ATTENTION_LAYER_MEMBERS(prefix, MultiHeadAttention<Eigen::bfloat16>, float)
+#if defined(BD_COMPILED_LIB)
+BD_MULTI_HEAD_ATTENTION_INSTANTIATIONS(extern template)
+#endif
+
 }  // namespace bd::nn
