@@ -125,7 +125,10 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads, FlashScratc
     T* const l = m + Bq;
     T* const alpha = l + Bq;
     Index* const pos = positions + me * 3 * Bq;
-    const Index g = task / row_blocks, r0 = (task % row_blocks) * Bq, nrows = std::min(Bq, rows - r0);
+    // Last row blocks first: under the causal mask a block's work grows with its rows' positions,
+    // and handing out the largest tasks first (every group's last block, then the ones before)
+    // lets the small ones fill in at the end instead of one thread starting a large one alone.
+    const Index g = task % groups, r0 = (row_blocks - 1 - task / groups) * Bq, nrows = std::min(Bq, rows - r0);
     const Index kh = g * a.n_k / groups, vh = g * a.n_v / groups;
 
     // The block's rows: query head and token of each (rows past the end: never masked).
