@@ -2,7 +2,8 @@
 // (dense, low-rank, BD) and the attention layers (dense, BD with a shared window at several
 // positions or per-head pivoted bases, attention over linear layers) — against central finite
 // differences in double, for the input(s) and every trainable tensor: MHA, GQA, biases, RoPE,
-// causal and not, cross-attention, sequences longer than the backward's tiles.
+// causal and not, cross-attention, sequences longer than the backward's tiles; and attention's
+// own backward against the softmax's gradient written out, for every kind of causal block.
 #include <bd/nn/bd_linear.hpp>
 #include <bd/nn/llama.hpp>
 
@@ -211,6 +212,61 @@ TEST_CASE("attention over low-rank and BD linear layers: gradients equal finite 
   check_attention(low_rank, 7, 7, false, 80);
   const auto bd_form = low_rank.map_projections([](const LowRankLinear<double>& l) { return BDLinear<double>::from_low_rank(l); });
   check_attention(bd_form, 7, 7, false, 90);
+}
+
+/// dQ, dK, dV of O = softmax(mask(Q·Kᵀ·scale))·V head by head, written out in double from the
+/// whole L × L matrices: dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))·scale, dQ = dS·K, dK = dSᵀ·Q.
+bd::nn::AttentionInputGrads<double> explicit_attention_backward(const MatrixXd& Q, const MatrixXd& K, const MatrixXd& V,
+                                                                const MatrixXd& dO, const bd::nn::AttendSpec& s) {
+  bd::nn::AttentionInputGrads<double> g{MatrixXd::Zero(Q.rows(), Q.cols()), MatrixXd::Zero(K.rows(), K.cols()),
+                                        MatrixXd::Zero(V.rows(), V.cols())};
+  const Index d = s.d_qk;
+  for (Index h = 0; h < s.n_q; ++h) {
+    const Index kh = h * s.n_k / s.n_q;
+    MatrixXd S = Q.middleCols(h * d, d) * K.middleCols(kh * d, d).transpose() * s.scale;
+    for (Index i = 0; i < S.rows(); ++i)
+      for (Index j = 0; j < S.cols(); ++j)
+        if (s.causal && s.first_key_position + j > s.first_query_position + i) S(i, j) = -std::numeric_limits<double>::infinity();
+    MatrixXd P = (S.colwise() - S.rowwise().maxCoeff()).array().exp();
+    P = P.array().colwise() / P.rowwise().sum().array();
+    const MatrixXd dOh = dO.middleCols(h * d, d), Vh = V.middleCols(kh * d, d);
+    const MatrixXd O = P * Vh;
+    const MatrixXd dS = (P.array() * ((dOh * Vh.transpose()).colwise() - (dOh.array() * O.array()).rowwise().sum().matrix())
+                                          .array()) * s.scale;
+    g.dV.middleCols(kh * d, d) += P.transpose() * dOh;
+    g.dQ.middleCols(h * d, d) = dS * K.middleCols(kh * d, d);
+    g.dK.middleCols(kh * d, d) += dS.transpose() * Q.middleCols(h * d, d);
+  }
+  return g;
+}
+
+TEST_CASE("attention's backward equals the softmax's gradient written out: causal blocks before, on and past the diagonal",
+          "[gradients][attention]") {
+  // The backward takes a block of queries' keys in three kinds (attention_backward.hpp): before
+  // its diagonal (all visible), level with it (lower triangle only, whose upper tiles are never
+  // computed) and, where the diagonal leaves the keys, masked entry by entry. 150 queries make
+  // two blocks of 128 and 22.
+  struct Case {
+    const char* name;
+    Index Lq, Lk, first_query, first_key;
+    bool causal;
+  };
+  for (const Case& c : {Case{"self-attention", 150, 150, 0, 0, true}, Case{"queries 40 positions on", 150, 190, 40, 0, true},
+                        Case{"queries past the last key", 150, 100, 0, 0, true}, Case{"keys starting later", 150, 150, 30, 20, true},
+                        Case{"not causal", 150, 90, 0, 0, false}}) {
+    INFO(c.name);
+    bd::nn::AttendSpec s;
+    s.n_q = 4, s.n_k = 2, s.d_qk = s.d_v = 8, s.scale = 0.35, s.causal = c.causal;
+    s.first_query_position = c.first_query, s.first_key_position = c.first_key;
+    const MatrixXd Q = gaussian(c.Lq, 32, 1), K = gaussian(c.Lk, 16, 2), V = gaussian(c.Lk, 16, 3), dO = gaussian(c.Lq, 32, 4);
+    std::vector<double> lse;
+    const MatrixXd O = bd::nn::attend_with_lse<double>(Q, K, V, s, lse);
+    const auto g = bd::nn::attend_backward<double>(Q, K, V, O, dO, lse, s);
+    const auto want = explicit_attention_backward(Q, K, V, dO, s);
+    CHECK(bd_test::max_rel(g.dQ, want.dQ) < 1e-12);
+    CHECK(bd_test::max_rel(g.dK, want.dK) < 1e-12);
+    CHECK(bd_test::max_rel(g.dV, want.dV) < 1e-12);
+  }
 }
 
 TEST_CASE("backward refuses MLA and shapes that do not fit", "[gradients][bad-input]") {

@@ -117,10 +117,11 @@ void product_small(const Operand<T>& a, const Operand<T>& b, Index rows, Index d
 }
 
 /// out = a·b, or out += a·b: the checks, then the operands as pointers (the one boundary every
-/// product crosses), small products on product_small, the rest on the kernel.
+/// product crosses), small products on product_small, the rest on the kernel (lower_only: only
+/// its micro-tiles that meet the lower triangle, see matmul_lower_part_into).
 template <typename DerivedA, typename DerivedB, typename DerivedOut>
 void matmul_or_add(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b, Eigen::MatrixBase<DerivedOut>& out,
-                   bool accumulate, Workspace& ws) {
+                   bool accumulate, Workspace& ws, bool lower_only = false) {
   using T = typename DerivedA::Scalar;
   static_assert(std::is_same_v<T, typename DerivedB::Scalar> && std::is_same_v<T, typename DerivedOut::Scalar>,
                 "matmul: one scalar type");
@@ -135,7 +136,7 @@ void matmul_or_add(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase
   if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= skinny_rows)
     product_small(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), accumulate);
   else
-    product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), false, accumulate, ws);
+    product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), lower_only, accumulate, ws);
 }
 }  // namespace detail
 
@@ -153,6 +154,16 @@ template <typename DerivedA, typename DerivedB, typename DerivedOut>
 void matmul_add_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b,
                      Eigen::MatrixBase<DerivedOut>& out, Workspace& ws = default_workspace()) {
   detail::matmul_or_add(a, b, out, true, ws);
+}
+
+/// out = a·b where it is wanted on and below the diagonal only: every out(i, c) with i ≥ c is
+/// a·b's; the kernel skips its micro-tiles that lie wholly above the diagonal and leaves those
+/// outputs unwritten (others above it may be written). What a causal attention block needs of its
+/// scores, key c against query i: on the diagonal block about a third of the tiles are skipped.
+template <typename DerivedA, typename DerivedB, typename DerivedOut>
+void matmul_lower_part_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase<DerivedB>& b,
+                            Eigen::MatrixBase<DerivedOut>& out, Workspace& ws = default_workspace()) {
+  detail::matmul_or_add(a, b, out, false, ws, true);
 }
 
 namespace detail {

@@ -9,6 +9,10 @@
 //     dS  = P ⊙ (dP − Δ_i)·scale,  Δ_i = rowsum(dO_i ⊙ O_i)
 //     dQ_i += dS·K_j,    dK_j += dSᵀ·Q_i
 //
+// Under the causal mask a block of queries sees the keys before its diagonal whole and the
+// square of keys level with it on and below the diagonal: there S and ∂P are computed only in
+// the micro-tiles that meet the lower triangle (matmul_lower_part_into), and the exponentials and
+// ∂S only where a key is visible (the rest of P and ∂S is 0).
 // The tiles' products go through bd::kernel::matmul (the dispatched kernel where they are large
 // enough). Parallel over query heads; a key or value head that several query heads read (GQA,
 // or BD's per-head K' against a shared V) takes their contributions summed in head order, so
@@ -56,6 +60,12 @@ struct AttentionInputGrads {
   MatrixA<A> dQ, dK, dV;
 };
 
+namespace detail {
+/// Which of a (query block, key block) pair's scores the causal mask keeps: all, those on and
+/// below the diagonal (keys level with the queries), or some, entry by entry.
+enum class Visible { All, Lower, Some };
+}  // namespace detail
+
 /// dQ, dK, dV from dO, given the forward's Q, K, V, O and lse (attend_with_lse). Shapes as attend's.
 template <typename A>
 AttentionInputGrads<A> attend_backward(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& O,
@@ -92,33 +102,59 @@ AttentionInputGrads<A> attend_backward(const ConstRef<A>& Q, const ConstRef<A>& 
     auto dKh = dK_parts.middleCols((shared_k ? h : kh) * dq, dq);
     auto dVh = dV_parts.middleCols((shared_v ? h : vh) * dv, dv);
     dQh.setZero(), dKh.setZero(), dVh.setZero();
+    // Query t sees key k iff k ≤ t + offset (causal). Per (query block, key block): the rows
+    // each column starts at (its keys' first visible query), the probabilities
+    // P = exp(S·scale − ℓ) there and 0 above, then the four products.
+    const Index offset = s.first_query_position - s.first_key_position;
+    const Eigen::Map<const Eigen::Array<A, Eigen::Dynamic, 1>> lse_h(lse.data() + h * Lq, Lq);
     M S, dP;
+    auto block = [&](Index i0, Index bq, Index j0, Index bk, detail::Visible visible) {
+      const auto Qi = Qh.middleRows(i0, bq), dOi = dOh.middleRows(i0, bq);
+      const auto Kj = Kg.middleRows(j0, bk), Vj = Vg.middleRows(j0, bk);
+      // A column's first visible row: 0 for a block every query sees; on the diagonal (key j0 + j
+      // at query i0 + j's position) row j, so only the lower triangle of S and ∂P is computed.
+      auto first_row = [&](Index j) {
+        if (visible == detail::Visible::All) return Index(0);
+        if (visible == detail::Visible::Lower) return j;
+        return std::clamp<Index>(j0 + j - i0 - offset, 0, bq);
+      };
+      S.resize(bq, bk), dP.resize(bq, bk);
+      if (visible == detail::Visible::Lower) bd::kernel::matmul_lower_part_into(Qi, Kj.transpose(), S, ws);
+      else bd::kernel::matmul_into(Qi, Kj.transpose(), S, ws);
+      for (Index j = 0; j < bk; ++j) {
+        const Index r = first_row(j), n = bq - r;
+        S.col(j).head(r).setZero();
+        auto p = S.col(j).segment(r, n).array();
+        p = (p * A(s.scale) - lse_h.segment(i0 + r, n)).exp();
+      }
+      // S now holds P.
+      auto dV_block = dVh.middleRows(j0, bk);
+      bd::kernel::matmul_add_into(S.transpose(), dOi, dV_block, ws);
+      if (visible == detail::Visible::Lower) bd::kernel::matmul_lower_part_into(dOi, Vj.transpose(), dP, ws);
+      else bd::kernel::matmul_into(dOi, Vj.transpose(), dP, ws);
+      for (Index j = 0; j < bk; ++j) {  // above the first row, P = 0 and ∂P was not computed: ∂S stays 0
+        const Index r = first_row(j), n = bq - r;
+        S.col(j).segment(r, n).array() *= (dP.col(j).segment(r, n).array() - delta.segment(i0 + r, n).array()) * A(s.scale);
+      }
+      // S now holds dS.
+      auto dQ_block = dQh.middleRows(i0, bq);
+      bd::kernel::matmul_add_into(S, Kj, dQ_block, ws);
+      auto dK_block = dKh.middleRows(j0, bk);
+      bd::kernel::matmul_add_into(S.transpose(), Qi, dK_block, ws);
+    };
     for (Index i0 = 0; i0 < Lq; i0 += Bq) {
       const Index bq = std::min(Bq, Lq - i0);
-      const Index last = s.first_query_position + i0 + bq - 1;  // the block's last query position
-      const Index k_end = s.causal ? std::min(Lk, last + 1 - s.first_key_position) : Lk;
-      for (Index j0 = 0; j0 < k_end; j0 += Bk) {
-        const Index bk = std::min(Bk, k_end - j0);
-        S.resize(bq, bk);
-        bd::kernel::matmul_into(Qh.middleRows(i0, bq), Kg.middleRows(j0, bk).transpose(), S, ws);
-        for (Index j = 0; j < bk; ++j)
-          for (Index i = 0; i < bq; ++i) {
-            const Index t = i0 + i;
-            const bool masked = s.causal && s.first_key_position + j0 + j > s.first_query_position + t;
-            S(i, j) = masked ? A(0) : std::exp(S(i, j) * A(s.scale) - lse[std::size_t(h * Lq + t)]);
-          }
-        // S now holds P.
-        auto dV_block = dVh.middleRows(j0, bk);
-        bd::kernel::matmul_add_into(S.transpose(), dOh.middleRows(i0, bq), dV_block, ws);
-        dP.resize(bq, bk);
-        bd::kernel::matmul_into(dOh.middleRows(i0, bq), Vg.middleRows(j0, bk).transpose(), dP, ws);
-        for (Index j = 0; j < bk; ++j)
-          for (Index i = 0; i < bq; ++i) S(i, j) *= (dP(i, j) - delta(i0 + i)) * A(s.scale);
-        // S now holds dS.
-        auto dQ_block = dQh.middleRows(i0, bq);
-        bd::kernel::matmul_add_into(S, Kg.middleRows(j0, bk), dQ_block, ws);
-        auto dK_block = dKh.middleRows(j0, bk);
-        bd::kernel::matmul_add_into(S.transpose(), Qh.middleRows(i0, bq), dK_block, ws);
+      const Index diagonal = i0 + offset;  // the key at the block's first query's position
+      if (!s.causal) {
+        for (Index j0 = 0; j0 < Lk; j0 += Bk) block(i0, bq, j0, std::min(Bk, Lk - j0), detail::Visible::All);
+      } else if (diagonal >= 0 && diagonal + bq <= Lk) {
+        // The keys before the diagonal, which every query of the block sees, then the square of
+        // keys level with the queries, visible on and below its diagonal.
+        for (Index j0 = 0; j0 < diagonal; j0 += Bk) block(i0, bq, j0, std::min(Bk, diagonal - j0), detail::Visible::All);
+        block(i0, bq, diagonal, bq, detail::Visible::Lower);
+      } else {  // the diagonal leaves the keys (queries ahead of or behind them): masked entry by entry
+        const Index k_end = std::min(Lk, diagonal + bq);
+        for (Index j0 = 0; j0 < k_end; j0 += Bk) block(i0, bq, j0, std::min(Bk, k_end - j0), detail::Visible::Some);
       }
     }
   }
