@@ -13,7 +13,8 @@
 //   layer_shape(), cost_mode(), decomposed()   for the cost model's choice of a chunk's path
 //   config(), shared_weights(), input_dim(), kv_input_dim()
 // and for training (backward(), the gradients in the order of the layer's trainable()):
-//   zero_gradients()                         one zero matrix per trainable tensor
+//   gradient_slots()                         one empty matrix per trainable tensor, each
+//                                            assigned whole by the steps below
 //   output_backward(O, ∂y, grads)            ∂O; adds the output projection's gradients
 //   queries_backward(x_q, ∂Q, p, grads)      ∂x_q; keys_backward(z, ∂K, p, grads): ∂z
 //   values_backward(z, ∂V, grads)            ∂z
@@ -192,7 +193,7 @@ Gradients<A> AttentionLayer<Derived, A>::backward(const Input& x, const Input& x
   std::vector<A> lse;
   const Matrix O = attend_with_lse<A>(Q, K, V, spec, lse, ws);
   Gradients<A> g;
-  g.parameters = self().zero_gradients();
+  g.parameters = self().gradient_slots();
   const Matrix dO = self().output_backward(O, dy, g.parameters, ws);
   const AttentionInputGrads<A> d = attend_backward<A>(Q, K, V, O, dO, lse, spec, ws);
   g.input = self().queries_backward(x, d.dQ, 0, g.parameters, ws);

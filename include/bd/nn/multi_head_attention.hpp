@@ -97,15 +97,9 @@ private:
   bool decomposed() const { return false; }
 
   // Backward (attention_layer.hpp): gradients in trainable()'s order, [W, b?] per projection.
-  std::vector<Matrix> zero_gradients() const {
-    std::vector<Matrix> g;
-    const auto& w = weights_;
-    for (auto [m, b] : {std::pair{&w.Wq, &w.bq}, std::pair{&w.Wk, &w.bk}, std::pair{&w.Wv, &w.bv}, std::pair{&w.Wo, &w.bo}}) {
-      g.push_back(Matrix::Zero(m->rows(), m->cols()));
-      if (b->size()) g.push_back(Matrix::Zero(b->size(), 1));
-    }
-    return g;
-  }
+  // One empty slot per trainable tensor (slot(4) counts them): each backward step assigns its
+  // projection's gradients whole, so nothing is zeroed first (4 MB per step at d = 512).
+  std::vector<Matrix> gradient_slots() const { return std::vector<Matrix>(slot(4)); }
   /// Index in trainable() of projection p's weight (0 q, 1 k, 2 v, 3 o); its bias follows.
   std::size_t slot(int p) const {
     const auto& w = weights_;

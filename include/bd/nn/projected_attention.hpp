@@ -103,7 +103,7 @@ private:
 
   // Backward (attention_layer.hpp): each projection's own backward, its gradients placed at its
   // tensors' slots in trainable().
-  std::vector<Matrix> zero_gradients() const {
+  std::vector<Matrix> gradient_slots() const {
     return std::vector<Matrix>(q_.trainable_count() + k_.trainable_count() + v_.trainable_count() + o_.trainable_count());
   }
   Matrix linear_backward(const Linear& linear, std::size_t first, const Input& x, const Matrix& dY,
