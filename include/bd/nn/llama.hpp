@@ -124,33 +124,7 @@ public:
   }
 
 private:
-  Matrix run(const std::vector<int>& tokens, Cache* cache, Workspace& ws) const {
-    Matrix h(static_cast<Index>(tokens.size()), config.hidden);
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      if (tokens[i] < 0 || tokens[i] >= config.vocab)
-        throw RangeError(bd::detail::message("token ", tokens[i], " at position ", i, " is outside the vocabulary of ",
-                                             config.vocab));
-      h.row(static_cast<Index>(i)) = embedding.row(tokens[i]).template cast<A>();
-    }
-    if (cache && cache->layers_.empty()) cache->layers_.resize(layers.size());
-    if (cache && cache->layers_.size() != layers.size())
-      throw ShapeError(bd::detail::message("LlamaModel::decode: the cache holds ", cache->layers_.size(),
-                                           " layers, the model has ", layers.size()));
-    Matrix x, gate, up;
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      const Layer& layer = layers[l];
-      x = norm(h, layer.attn_norm);
-      h += cache ? layer.attention.decode(x, cache->layers_[l], ws) : layer.attention.forward(x, ws);
-      x = norm(h, layer.mlp_norm);
-      gate.resize(x.rows(), layer.gate.output_dim());
-      up.resize(x.rows(), layer.up.output_dim());
-      layer.gate.forward_into(x, gate, ws);
-      layer.up.forward_into(x, up, ws);
-      gate = (gate.array() / (A(1) + (-gate.array()).exp()) * up.array()).matrix();  // silu(g)·u
-      h += layer.down.forward(gate, ws);
-    }
-    return detail::project<A, S>(norm(h, final_norm), lm_head, {}, ws);
-  }
+  Matrix run(const std::vector<int>& tokens, Cache* cache, Workspace& ws) const;
 
   Matrix norm(const Matrix& h, const StoredVector& gain) const {
     return rms_norm<A>(h, gain.template cast<A>(), config.rms_eps);
@@ -182,5 +156,53 @@ private:
     return out;
   }
 };
+
+// run(), defined out of the class so that bd::compiled can hold it (a member defined in its class
+// is implicitly inline and compiled in every caller): the models the loaders build, dense and
+// with BD attention, for every stored type (src/compiled_nn.cpp).
+template <typename S, typename Attention, typename Linear>
+auto LlamaModel<S, Attention, Linear>::run(const std::vector<int>& tokens, Cache* cache, Workspace& ws) const -> Matrix {
+  Matrix h(static_cast<Index>(tokens.size()), config.hidden);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config.vocab)
+      throw RangeError(bd::detail::message("token ", tokens[i], " at position ", i, " is outside the vocabulary of ",
+                                           config.vocab));
+    h.row(static_cast<Index>(i)) = embedding.row(tokens[i]).template cast<A>();
+  }
+  if (cache && cache->layers_.empty()) cache->layers_.resize(layers.size());
+  if (cache && cache->layers_.size() != layers.size())
+    throw ShapeError(bd::detail::message("LlamaModel::decode: the cache holds ", cache->layers_.size(),
+                                         " layers, the model has ", layers.size()));
+  Matrix x, gate, up;
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const Layer& layer = layers[l];
+    x = norm(h, layer.attn_norm);
+    h += cache ? layer.attention.decode(x, cache->layers_[l], ws) : layer.attention.forward(x, ws);
+    x = norm(h, layer.mlp_norm);
+    gate.resize(x.rows(), layer.gate.output_dim());
+    up.resize(x.rows(), layer.up.output_dim());
+    layer.gate.forward_into(x, gate, ws);
+    layer.up.forward_into(x, up, ws);
+    gate = (gate.array() / (A(1) + (-gate.array()).exp()) * up.array()).matrix();  // silu(g)·u
+    h += layer.down.forward(gate, ws);
+  }
+  return detail::project<A, S>(norm(h, final_norm), lm_head, {}, ws);
+}
+
+#define BD_LLAMA_MODEL_RUN(prefix, S, Attention)                                                                       \
+  prefix MatrixA<acc_t<S>> LlamaModel<S, Attention, DenseLinear<S>>::run(                                             \
+      const std::vector<int>&, LlamaModel<S, Attention, DenseLinear<S>>::Cache*, Workspace&) const;
+#define BD_LLAMA_MODEL_INSTANTIATIONS(prefix)                                                       \
+  BD_LLAMA_MODEL_RUN(prefix, float, MultiHeadAttention<float>)                                      \
+  BD_LLAMA_MODEL_RUN(prefix, double, MultiHeadAttention<double>)                                    \
+  BD_LLAMA_MODEL_RUN(prefix, Eigen::half, MultiHeadAttention<Eigen::half>)                          \
+  BD_LLAMA_MODEL_RUN(prefix, Eigen::bfloat16, MultiHeadAttention<Eigen::bfloat16>)                  \
+  BD_LLAMA_MODEL_RUN(prefix, float, BDAttention<float>)                                             \
+  BD_LLAMA_MODEL_RUN(prefix, double, BDAttention<double>)                                           \
+  BD_LLAMA_MODEL_RUN(prefix, Eigen::half, BDAttention<Eigen::half>)                                 \
+  BD_LLAMA_MODEL_RUN(prefix, Eigen::bfloat16, BDAttention<Eigen::bfloat16>)
+#if defined(BD_COMPILED_LIB)
+BD_LLAMA_MODEL_INSTANTIATIONS(extern template)
+#endif
 
 }  // namespace bd::nn
