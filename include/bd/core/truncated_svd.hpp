@@ -26,7 +26,7 @@ struct TruncatedSVD {
   T energy = 0;                                        ///< ‖W‖²_F = Σ_k σ_k²
 };
 
-/// The rank-`rank` truncated SVD of W (1 ≤ rank ≤ min(m, n); the caller checks it).
+/// The rank-`rank` truncated SVD of W; a rank outside 1 … min(m, n) throws RangeError.
 template <typename T>
 TruncatedSVD<T> truncated_svd(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& W, Eigen::Index rank) {
   if (rank < 1 || rank > std::min(W.rows(), W.cols()))
