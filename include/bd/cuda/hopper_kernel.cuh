@@ -6,14 +6,13 @@
 //   - warpgroup 0 produces: one thread issues TMA loads of 64-channel X and Cᵀ tiles into a ring of
 //     3 or 4 shared-memory stages (128-byte swizzle), each with a "full" mbarrier that the copy
 //     engine completes and an "empty" mbarrier that the consumers release;
-//   - warpgroups 1 and 2 consume, 64 rows of a 128 × 256 output tile each: wgmma.m64n256k16 over
-//     the rest channels only (the tile's first with scale-d 0), then **the window, added once**:
-//     the tile's last ⌈d_h / 128⌉ stages carry only the X tile's window columns (two 64-column
-//     boxes per stage), which arrive while the last wgmma group runs and which each thread adds
-//     from shared memory to its fp32 accumulators (the same values for every head of the tile).
-//     The window's stages come last, not first: they arrive under the tile's MMA and take no turn
-//     of the consumers at the tile's start. K' = round(acc + window) is written into swizzled
-//     shared memory and stored by TMA, and that store drains while the next tile starts.
+//   - warpgroups 1 and 2 consume, 64 rows of a 128 × 256 output tile each. **The accumulators
+//     start from the window**: the first ⌈d_h / 128⌉ stages of a tile carry only the X tile's
+//     window columns (two 64-column boxes per stage), which each thread loads from shared memory
+//     into its fp32 accumulators (the same values for every head of the tile); the remaining
+//     stages run wgmma.m64n256k16 over the rest
+//     channels only. K' is rounded once, written into swizzled shared memory and stored by TMA,
+//     and that store drains while the consumer starts the next tile.
 //   - with a cluster of 2 or 4 (vertically adjacent tiles of one column block), each CTA loads
 //     1/cluster of the Cᵀ tile and multicasts it to all: L2 → SM traffic for C drops to 1/cluster.
 // Stages (3 or 4) trades prefetch depth against output staging (hopper_layout.cuh, shared_bytes).
@@ -125,13 +124,12 @@ __device__ inline void pin(float (&d)[kAccumulators]) {
       "%128, %129, p, 1, 1, 0, 0;\n\t}"                                                                                         \
       : BD_F8(0), BD_F8(8), BD_F8(16), BD_F8(24), BD_F8(32), BD_F8(40), BD_F8(48), BD_F8(56), BD_F8(64), BD_F8(72), BD_F8(80), \
         BD_F8(88), BD_F8(96), BD_F8(104), BD_F8(112), BD_F8(120)                                                               \
-      : "l"(a), "l"(b), "r"(int(accumulate)))
+      : "l"(a), "l"(b), "r"(1))
 
-/// d = A·Bᵀ + (accumulate ? d : 0) on one m64n256k16 step: A (64 × 16) and B (256 × 16) K-major in
-/// shared memory, named by their descriptors; fp32 accumulation (scale-d is the predicate: 0 starts
-/// a tile, so the accumulators need no clearing between tiles).
+/// d += A·Bᵀ on one m64n256k16 step: A (64 × 16) and B (256 × 16) K-major in shared memory, named
+/// by their descriptors; fp32 accumulation (scale-d = 1: always accumulate onto the window).
 template <typename T>
-__device__ inline void wgmma_m64n256k16(float (&d)[kAccumulators], std::uint64_t a, std::uint64_t b, bool accumulate) {
+__device__ inline void wgmma_m64n256k16(float (&d)[kAccumulators], std::uint64_t a, std::uint64_t b) {
   if constexpr (std::is_same_v<T, __half>) BD_WGMMA_M64N256K16("f16");
   else BD_WGMMA_M64N256K16("bf16");
 }
@@ -207,9 +205,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                expected_bytes(p, j));
           unsigned char* stage = ring + s * kStageBytes;
           if (is_window_step(p, j)) {
-            const int w = window_index(p, j);
-            for (int box = 0; box < window_boxes(p, w); ++box) {
-              const Coords wc = window_coords(p, tile, w, box);
+            for (int box = 0; box < window_boxes(p, j); ++box) {
+              const Coords wc = window_coords(p, tile, j, box);
               const std::int32_t w_at[2] = {wc.col, wc.row};
               ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, stage + box * kAStageBytes, &x_map,
                                                 w_at, &full[s]);
@@ -244,65 +241,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     float acc[kAccumulators];
-    // The epilogue of a tile, in kRounds rounds of kSlots slabs: round once, stage through swizzled
-    // shared memory, one TMA store per 64-column slab. A round's slots must have been read by the
-    // stores of the round (or tile) before.
-    const auto store_round = [&](int round, Tile tile) {
-      if (thread == 0) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
-      named_sync(1 + consumer, kWarpgroupThreads);
-#pragma unroll
-      for (int i = 0; i < kAccumulators; i += 2)
-        if (slab_of_register(i) / kSlots == round)
-          *reinterpret_cast<std::uint32_t*>(epilogue + epilogue_pair_offset(consumer, warp, lane, i, kSlots)) =
-              pack_rounded<T>(acc[i], acc[i + 1]);
-      ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // the copy engine reads what these stores wrote
-      named_sync(1 + consumer, kWarpgroupThreads);
-      if (thread == 0) {
-        for (int slab = round * kSlots; slab < (round + 1) * kSlots; ++slab) {
-          const Coords at = store_coords(tile, consumer, slab);
-          const std::int32_t out_at[2] = {at.col, at.row};
-          ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, &out_map, out_at,
-                                            epilogue + slot_offset(consumer, slab, kSlots));
-        }
-        ::cuda::ptx::cp_async_bulk_commit_group();
-      }
-    };
-
-#pragma unroll
-    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;  // never read: a tile's first wgmma has scale-d 0
-    const int rest = rest_blocks(p);
     long long step = 0;
     for (long long unit = first_unit; unit < units; unit += unit_stride) {
       const Tile tile = tile_of(p, unit, rank);
-      // The rest: wgmma on every rest stage, one group in flight; a stage is released once the
-      // groups that read it have completed.
-      pin(acc);
-      int previous = -1;
-      for (int j = 0; j < rest; ++j, ++step) {
+      // The window: each thread's accumulators start from X[row, o + col mod d_h], read from the
+      // window stages' X tiles (one load per pair of head 0, copied to every head of the tile).
+#pragma unroll
+      for (int w = 0; w < kWindowSteps; ++w, ++step) {
         const int s = stage_of(step, Stages);
         wait(&full[s], phase_parity(step, Stages));
-        __syncwarp();  // wgmma is .sync.aligned: the warp converged
-        const std::uint32_t a_stage = shared_address(ring + s * kStageBytes), b_stage = a_stage + kAStageBytes;
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks)
-          wgmma_m64n256k16<T>(acc, a_descriptor(a_stage, consumer, ks), b_descriptor(b_stage, ks), j > 0 || ks > 0);
-        wgmma_commit();
-        wgmma_wait<1>();
-        if (previous >= 0) release(previous);
-        previous = s;
-      }
-      // The window: the tile's last stages (X's window columns only), waited for while the last
-      // group runs, then added from shared memory to every head's accumulators.
-#pragma unroll
-      for (int w = 0; w < kWindowSteps; ++w) wait(&full[stage_of(step + w, Stages)], phase_parity(step + w, Stages));
-      __syncwarp();
-      wgmma_wait<0>();
-      pin(acc);
-      if (previous >= 0) release(previous);
-#pragma unroll
-      for (int w = 0; w < kWindowSteps; ++w) {
-        const int s = stage_of(step + w, Stages);
+        __syncwarp();  // the spin may end in different iterations per lane; the warp goes on together
         const unsigned char* x_tile = ring + s * kStageBytes;
 #pragma unroll
         for (int i = 0; i < HeadDim / 2; i += 2) {
@@ -310,16 +258,58 @@ __global__ void __launch_bounds__(kThreads, 1)
           const float2 v = unpack<T>(*reinterpret_cast<const std::uint32_t*>(x_tile + window_pair_offset(consumer, warp, lane, i, HeadDim)));
 #pragma unroll
           for (int h = 0; h < kBlockN / HeadDim; ++h) {
-            acc[head_register(i, h, HeadDim)] += v.x;
-            acc[head_register(i, h, HeadDim) + 1] += v.y;
+            acc[head_register(i, h, HeadDim)] = v.x;
+            acc[head_register(i, h, HeadDim) + 1] = v.y;
           }
         }
         release(s);
       }
-      step += kWindowSteps;
-      // K' = round(acc + window), once, stored; the stores drain while the next tile starts.
+      // The rest: wgmma on every rest stage, one group in flight; a stage is released once the
+      // group that read it has completed.
+      pin(acc);
+      int previous = -1;
+      for (int j = kWindowSteps; j < steps; ++j, ++step) {
+        const int s = stage_of(step, Stages);
+        wait(&full[s], phase_parity(step, Stages));
+        __syncwarp();  // wgmma is .sync.aligned: the warp converged
+        const std::uint32_t a_stage = shared_address(ring + s * kStageBytes), b_stage = a_stage + kAStageBytes;
+        wgmma_fence();
 #pragma unroll
-      for (int round = 0; round < kRounds; ++round) store_round(round, tile);
+        for (int ks = 0; ks < kKSteps; ++ks) wgmma_m64n256k16<T>(acc, a_descriptor(a_stage, consumer, ks), b_descriptor(b_stage, ks));
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (previous >= 0) release(previous);
+        previous = s;
+      }
+      wgmma_wait<0>();
+      pin(acc);
+      if (previous >= 0) release(previous);
+
+      // The epilogue: round once, stage through swizzled shared memory, one TMA store per 64-column
+      // slab, kSlots slabs per round. A round's slots must have been read by the stores of the
+      // round (or tile) before.
+#pragma unroll
+      for (int round = 0; round < kRounds; ++round) {
+        if (thread == 0) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
+        named_sync(1 + consumer, kWarpgroupThreads);
+#pragma unroll
+        for (int i = 0; i < kAccumulators; i += 2)
+          if (slab_of_register(i) / kSlots == round)
+            *reinterpret_cast<std::uint32_t*>(epilogue + epilogue_pair_offset(consumer, warp, lane, i, kSlots)) =
+                pack_rounded<T>(acc[i], acc[i + 1]);
+        ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // the copy engine reads what these stores wrote
+        named_sync(1 + consumer, kWarpgroupThreads);
+        if (thread == 0) {
+#pragma unroll
+          for (int slab = round * kSlots; slab < (round + 1) * kSlots; ++slab) {
+            const Coords at = store_coords(tile, consumer, slab);
+            const std::int32_t out_at[2] = {at.col, at.row};
+            ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, &out_map, out_at,
+                                              epilogue + slot_offset(consumer, slab, kSlots));
+          }
+          ::cuda::ptx::cp_async_bulk_commit_group();
+        }
+      }
     }
     if (thread == 0) ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
   }

@@ -9,12 +9,10 @@
 // The computation, per output tile of kBlockM rows × kBlockN columns (kBlockN / d_h heads that
 // share the window):
 //
-//     acc  = X[rows, rest block 0] · Cᵀ[cols, block 0]ᵀ     (first rest stage: wgmma with scale-d 0)
-//     acc += X[rows, rest block b] · Cᵀ[cols, block b]ᵀ     (the other rest stages: wgmma, fp32)
-//     K'[rows, cols] = round(acc + X[rows, o : o + d_h])     (window stages, last: no MMA; the window
-//                                                             broadcast to every head, one rounding)
+//     acc = X[rows, o : o + d_h] broadcast to every head     (window stages: no MMA)
+//     acc += X[rows, rest block b] · Cᵀ[cols, block b]ᵀ     (rest stages: wgmma, fp32)
+//     K'[rows, cols] = round(acc)                            (once, through shared memory and TMA)
 //
-// and K' goes out through shared memory and TMA, the store draining while the next tile starts.
 // Every stage of the ring holds kBlockK = 64 channels (one 128-byte swizzle row of 16-bit
 // values) of each tile it carries: a rest stage the X tile and the Cᵀ tile; a window stage up to
 // two X tiles of the window (d_h = 128 takes one slot of the ring per output tile, not two). C is
@@ -87,9 +85,9 @@ constexpr int kWindowBoxesPerStage = 2;
 static_assert(kWindowBoxesPerStage * kAStageBytes <= kStageBytes, "a window stage's boxes fit a stage");
 /// Window stages per tile: ⌈d_h / 128⌉.
 BD_HOPPER_HD constexpr int window_steps(const Problem& p) { return (window_blocks(p) + kWindowBoxesPerStage - 1) / kWindowBoxesPerStage; }
-/// X boxes on window stage w (0 ≤ w < window_steps(p)).
-BD_HOPPER_HD constexpr int window_boxes(const Problem& p, int w) {
-  return window_blocks(p) - w * kWindowBoxesPerStage < kWindowBoxesPerStage ? window_blocks(p) - w * kWindowBoxesPerStage
+/// X boxes on window step j.
+BD_HOPPER_HD constexpr int window_boxes(const Problem& p, int j) {
+  return window_blocks(p) - j * kWindowBoxesPerStage < kWindowBoxesPerStage ? window_blocks(p) - j * kWindowBoxesPerStage
                                                                              : kWindowBoxesPerStage;
 }
 /// Rest stages per tile: (d − d_h) / 64.
@@ -122,25 +120,22 @@ BD_HOPPER_HD constexpr unsigned phase_parity(long long step, int stages) { retur
 BD_HOPPER_HD constexpr int rest_column(int block, int offset, int head_dim) {
   return block * kBlockK < offset ? block * kBlockK : block * kBlockK + head_dim;
 }
-/// Whether step j of a tile is a window step (X only, no Cᵀ, no MMA): the last window_steps(p), so
-/// that the window arrives while the tile's last wgmma group runs and is added once, at rounding.
-BD_HOPPER_HD constexpr bool is_window_step(const Problem& p, int j) { return j >= rest_blocks(p); }
-/// The window stage that step j of a tile is (is_window_step(p, j)).
-BD_HOPPER_HD constexpr int window_index(const Problem& p, int j) { return j - rest_blocks(p); }
-/// X column of box `box` of window stage w: window block 2w + box.
-BD_HOPPER_HD constexpr int window_column(const Problem& p, int w, int box) {
-  return p.offset + (w * kWindowBoxesPerStage + box) * kBlockK;
+/// Whether step j of a tile is a window step (X only, no Cᵀ, no MMA): the first window_steps(p).
+BD_HOPPER_HD constexpr bool is_window_step(const Problem& p, int j) { return j < window_steps(p); }
+/// X column of box `box` of window step j: window block 2j + box.
+BD_HOPPER_HD constexpr int window_column(const Problem& p, int j, int box) {
+  return p.offset + (j * kWindowBoxesPerStage + box) * kBlockK;
 }
-/// X column of rest step j of a tile (0 ≤ j < rest_blocks(p)).
-BD_HOPPER_HD constexpr int x_column(const Problem& p, int j) { return rest_column(j, p.offset, p.head_dim); }
+/// X column of rest step j of a tile (window_steps(p) ≤ j < stages_per_tile(p)).
+BD_HOPPER_HD constexpr int x_column(const Problem& p, int j) { return rest_column(j - window_steps(p), p.offset, p.head_dim); }
 /// Cᵀ column (the rest channel index k) where rest step j starts.
-BD_HOPPER_HD constexpr int c_column(int j) { return j * kBlockK; }
+BD_HOPPER_HD constexpr int c_column(const Problem& p, int j) { return (j - window_steps(p)) * kBlockK; }
 /// Cᵀ rows a CTA loads per rest stage: with a cluster of 2 each loads half the tile and multicasts it.
 BD_HOPPER_HD constexpr int c_box_rows(int cluster) { return kBlockN / cluster; }
 /// Bytes a CTA's full barrier expects for step j: the window's X boxes, or on rest steps the X
 /// tile and the whole Cᵀ tile (its own part and, with a cluster, the parts its peers multicast).
 BD_HOPPER_HD constexpr unsigned expected_bytes(const Problem& p, int j) {
-  return unsigned(is_window_step(p, j) ? window_boxes(p, window_index(p, j)) * kAStageBytes : kStageBytes);
+  return unsigned(is_window_step(p, j) ? window_boxes(p, j) * kAStageBytes : kStageBytes);
 }
 
 /// The 128-byte swizzle (TMA's CU_TENSOR_MAP_SWIZZLE_128B and wgmma's swizzle mode 1): within each
@@ -187,8 +182,8 @@ BD_HOPPER_HD constexpr int window_col(int col, int head_dim) { return (col % hea
 /// The window step for accumulator register i of any lane: a fragment's 8-column chunk
 /// (8·(i/4) … + 7) never straddles a 64-column block, so the lane's 2·(lane mod 4) does not change it.
 BD_HOPPER_HD constexpr int window_step_of_register(int i, int head_dim) { return window_step(8 * (i / 4), head_dim); }
-/// Accumulator register of head h (0 ≤ h < kBlockN / d_h) that adds the same window value as
-/// register i of head 0 (i < d_h / 2): same row, column + h·d_h.
+/// Accumulator register of head h (0 ≤ h < kBlockN / d_h) that starts from the same window value
+/// as register i of head 0 (i < d_h / 2): same row, column + h·d_h.
 BD_HOPPER_HD constexpr int head_register(int i, int h, int head_dim) { return i + h * (head_dim / 2); }
 /// Byte offset, within a window stage, of the pair of window values that consumer `consumer`'s
 /// thread (warp, lane) loads into accumulator pair (i, i + 1): its box, then the swizzled element.
@@ -217,14 +212,14 @@ struct Coords {
 BD_HOPPER_HD constexpr Coords store_coords(Tile t, int consumer, int slab) {
   return {t.n_block * kBlockN + slab * kSlabCols, t.m_block * kBlockM + consumer * kWgmmaM};
 }
-/// TMA coordinates {column, row} of the X box of rest step j of tile t, of box `box` of window stage
-/// w, and of the Cᵀ box the CTA of rank `rank` loads (with a cluster, into its peers too) on a rest step.
+/// TMA coordinates {column, row} of the X box of rest step j of tile t, of box `box` of window step
+/// j, and of the Cᵀ box the CTA of rank `rank` loads (with a cluster, into its peers too) on a rest step.
 BD_HOPPER_HD constexpr Coords x_coords(const Problem& p, Tile t, int j) { return {x_column(p, j), t.m_block * kBlockM}; }
-BD_HOPPER_HD constexpr Coords window_coords(const Problem& p, Tile t, int w, int box) {
-  return {window_column(p, w, box), t.m_block * kBlockM};
+BD_HOPPER_HD constexpr Coords window_coords(const Problem& p, Tile t, int j, int box) {
+  return {window_column(p, j, box), t.m_block * kBlockM};
 }
 BD_HOPPER_HD constexpr Coords c_coords(const Problem& p, Tile t, int j, int rank) {
-  return {c_column(j), t.n_block * kBlockN + rank * c_box_rows(p.cluster)};
+  return {c_column(p, j), t.n_block * kBlockN + rank * c_box_rows(p.cluster)};
 }
 /// Where, in a stage's Cᵀ tile, the box of rank `rank` lands (the same offset in every CTA of the cluster).
 BD_HOPPER_HD constexpr std::uint32_t c_box_offset(int rank, int cluster) { return std::uint32_t(rank * c_box_rows(cluster) * kRowBytes); }
