@@ -14,10 +14,14 @@
 // baselines convert W one block (dense_blocked) or one panel (dense_kernel) at a time, like BD.
 // kproj_cpu_<isa>/<dense_kernel|bd>/<L>: bd's kernels forced to each instruction set this CPU
 // runs (the BD_CPU sweep, in one run), at the lengths the targets name.
+// kproj/interleaved/<L>: dense_kernel, bd and dense_openblas called in turn within one benchmark
+// (interleaved.hpp), each one's median and their ratios: the figure to compare, where the
+// separate benchmarks above may each meet a different spell of a shared machine.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -33,6 +37,7 @@
 #ifdef BD_HAVE_BLIS
 #include "blis_baseline.hpp"
 #endif
+#include "interleaved.hpp"
 
 namespace {
 
@@ -122,23 +127,32 @@ void dense_kernel(const Eigen::MatrixXf& X, const Eigen::Matrix<S, Eigen::Dynami
   bd::kernel::gemm(a, kBlocking);
 }
 
+/// The output K (L × n·d_h), every page written before the timing starts. Not Zero(): a fresh
+/// allocation followed by zeros can compile to calloc, whose pages the kernel maps only when
+/// first written — inside the timed call (at L = 4096, 268 MB: 65536 page faults, which a
+/// virtual machine's hypervisor made cost two thirds of the call's 0.6 s).
+Eigen::MatrixXf touched_output(Eigen::Index L) {
+  Eigen::MatrixXf K(L, kOut);
+  K.setConstant(1.0f);
+  benchmark::DoNotOptimize(K.data());
+  return K;
+}
+
+/// One call of `impl` at L rows, writing K: a closure over its inputs (each call takes the next
+/// copy of the weights, see copies()).
 template <typename S>
-void run(benchmark::State& state, const std::string& impl) {
-  const Eigen::Index L = state.range(0);
+std::function<void()> kproj_call(const std::string& impl, Eigen::Index L, Eigen::MatrixXf& K) {
   const Eigen::MatrixXf& X = input(L);
-  Eigen::MatrixXf K = Eigen::MatrixXf::Zero(L, kOut);  // touched: no first-iteration page faults
   const bool bd = impl == "bd" || impl == "bd_pivoted";
   const int n_copies = copies(L, std::size_t((bd ? kD - kDh : kD) * kOut) * sizeof(S));
   for (int i = 0; i < n_copies; ++i) weights<S>(bd, i);
-  const bd::nn::HeadIndices window = bd::nn::HeadIndices::window(kD, kDh, kOffset, kHeads);
-  int next = 0;
-  for (auto _ : state) {
+  return [impl, L, bd, n_copies, &X, &K, next = 0]() mutable {
     const auto& M = weights<S>(bd, next);
     next = (next + 1) % n_copies;
     // fp32 baselines multiply W as stored; the BLAS and Eigen ones are registered for fp32 only.
     const float* W_float = nullptr;
     if constexpr (std::is_same_v<S, float>) W_float = M.data();
-    (void)W_float;
+    (void)W_float, (void)L;
     if (impl == "dense_eigen") {
       if constexpr (std::is_same_v<S, float>) K.noalias() = X * M;
     } else if (impl == "dense_blocked") {
@@ -156,14 +170,48 @@ void run(benchmark::State& state, const std::string& impl) {
       bd_bench::blis_sgemm(L, kOut, kD, X.data(), L, W_float, kD, K.data(), L);
 #endif
     } else if (impl == "bd") {
+      static const bd::nn::HeadIndices window = bd::nn::HeadIndices::window(kD, kDh, kOffset, kHeads);
       bd::nn::bd_project_into<float, S>(X, window, M, K, kBlocking);
     } else {
       bd::nn::bd_project_into<float, S>(X, pivoted_indices(), M, K, kBlocking);
     }
     benchmark::DoNotOptimize(K.data());
     benchmark::ClobberMemory();
-  }
-  counters(state, L, bd);
+  };
+}
+
+template <typename S>
+void run(benchmark::State& state, const std::string& impl) {
+  const Eigen::Index L = state.range(0);
+  Eigen::MatrixXf K = touched_output(L);
+  const std::function<void()> call = kproj_call<S>(impl, L, K);
+  for (auto _ : state) call();
+  counters(state, L, impl == "bd" || impl == "bd_pivoted");
+}
+
+/// kproj/interleaved/<L>: dense on bd's kernel, BD, and OpenBLAS (where built), one call each per
+/// iteration in rotating order (interleaved.hpp): their medians from the same seconds, and the
+/// ratios the targets are stated in.
+void interleaved(benchmark::State& state) {
+  const Eigen::Index L = state.range(0);
+  Eigen::MatrixXf K = touched_output(L);
+  std::vector<std::function<void()>> calls{kproj_call<float>("dense_kernel", L, K), kproj_call<float>("bd", L, K)};
+#ifdef BD_HAVE_OPENBLAS
+  calls.push_back(kproj_call<float>("dense_openblas", L, K));
+#endif
+  const std::vector<double> t = bd_bench::time_interleaved(state, calls);
+  const double theory = (2.0 * kD - 1) / (2.0 * (kD - kDh)), dense_flops = double(L) * kOut * (2.0 * kD - 1);
+  state.counters["dense_kernel_ms"] = t[0] * 1e3;
+  state.counters["bd_ms"] = t[1] * 1e3;
+  state.counters["dense_kernel_GFLOP/s"] = dense_flops / t[0] * 1e-9;
+  state.counters["speedup"] = t[0] / t[1];  // BD against its dense twin on bd's kernel
+  state.counters["theoretical_ratio"] = theory;
+  state.counters["share_of_theory"] = t[0] / t[1] / theory;
+#ifdef BD_HAVE_OPENBLAS
+  state.counters["openblas_ms"] = t[2] * 1e3;
+  state.counters["kernel_vs_openblas"] = t[2] / t[0];  // bd's dense kernel against OpenBLAS, same product
+  state.counters["bd_vs_openblas"] = t[2] / t[1];
+#endif
 }
 
 void lengths(benchmark::internal::Benchmark* b) {
@@ -194,6 +242,8 @@ int register_all() {
   impls.push_back("bd_pivoted");
   for (const auto& impl : impls)
     benchmark::RegisterBenchmark(("kproj/" + impl).c_str(), [impl](benchmark::State& s) { run<float>(s, impl); })->Apply(lengths);
+  benchmark::RegisterBenchmark("kproj/interleaved", interleaved)
+      ->Arg(4)->Arg(1024)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
   // bf16 storage: whole-matrix conversion for one GEMM would be the materialised copy the kernels
   // avoid, so the bf16 dense baseline is the blocked one with per-block conversion.
   for (const std::string impl : {"dense_blocked", "dense_kernel", "bd", "bd_pivoted"})

@@ -9,7 +9,10 @@
 //                                every implementation writes into a preallocated y; *_kernel are
 //                                the dense and low-rank twins on bd's own kernel (lowrank_kernel
 //                                is LowRankLinear), dense and lowrank Eigen's products;
-//   linear_cpu_<isa>/bd/<shape>  BDLinear with its kernels forced to each instruction set.
+//   linear_cpu_<isa>/bd/<shape>  BDLinear with its kernels forced to each instruction set;
+//   linear/interleaved/<shape>   BDLinear and its low-rank twins (bd's kernel, OpenBLAS) called in
+//                                turn within one benchmark (interleaved.hpp): medians and ratios
+//                                from the same seconds of the machine.
 //
 // The attention layer is DeepSeek-V3's MLA at full size except its query LoRA (queries straight
 // from x, decoded with the per-head K'/V' cache; bench_mla.cpp runs V3 as it is served, with the
@@ -26,6 +29,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -40,6 +44,7 @@
 #ifdef BD_HAVE_BLIS
 #include "blis_baseline.hpp"
 #endif
+#include "interleaved.hpp"
 
 namespace {
 
@@ -215,14 +220,24 @@ const LinearLayers& linear_layers(const LinearShape& s) {
   return it->second;
 }
 
-void linear(benchmark::State& state, const std::string& impl, const LinearShape& s) {
+/// Buffers of one linear benchmark: L tokens in, the output, the low-rank twins' hidden layer.
+struct LinearRun {
+  explicit LinearRun(const LinearShape& s)
+      : x(Eigen::MatrixXf::Random(kTokens, s.d_in)), y(kTokens, s.d_out), h(kTokens, s.rank()) {
+    y.setConstant(1.0f), h.setConstant(1.0f);  // every page written before the timing starts
+    benchmark::DoNotOptimize(y.data()), benchmark::DoNotOptimize(h.data());
+  }
+  Eigen::MatrixXf x, y, h;
+};
+
+/// One call of `impl` on shape s, into r's buffers.
+std::function<void()> linear_call(const std::string& impl, const LinearShape& s, LinearRun& run) {
   const LinearLayers& layers = linear_layers(s);
-  const Index r = s.rank();
-  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(kTokens, s.d_in);
-  Eigen::MatrixXf y(kTokens, s.d_out), h(kTokens, r);
-  const Eigen::MatrixXf& U = layers.low_rank.U();
-  const Eigen::MatrixXf Vt = layers.low_rank.V().transpose();  // r × d_out, for the BLAS calls
-  for (auto _ : state) {
+  return [impl, s, &layers, &run, Vt = Eigen::MatrixXf(layers.low_rank.V().transpose())]() {  // Vt: r × d_out, for the BLAS calls
+    const Index r = s.rank();
+    const Eigen::MatrixXf &x = run.x, &U = layers.low_rank.U();
+    Eigen::MatrixXf &y = run.y, &h = run.h;
+    (void)r, (void)U, (void)Vt;
     if (impl == "dense") {
       y.noalias() = x * layers.W;
     } else if (impl == "lowrank") {  // Eigen's products, at the speed of the build's flags
@@ -255,13 +270,48 @@ void linear(benchmark::State& state, const std::string& impl, const LinearShape&
     }
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
+  };
+}
+
+/// FLOPs per token of the dense layer, its low-rank twin and BD.
+struct LinearFlops {
+  double dense, low, bd;
+  explicit LinearFlops(const LinearShape& s) {
+    const double r = double(s.rank());
+    dense = 2.0 * double(s.d_in) * double(s.d_out), low = 2.0 * r * double(s.d_in + s.d_out), bd = 2.0 * r * (double(s.d_in + s.d_out) - r);
   }
-  const double dense = 2.0 * double(s.d_in) * double(s.d_out), low = 2.0 * double(r) * double(s.d_in + s.d_out),
-               bd = 2.0 * double(r) * double(s.d_in + s.d_out - r);
-  const double flops = impl.rfind("dense", 0) == 0 ? dense : impl.rfind("lowrank", 0) == 0 ? low : bd;
+};
+
+void linear(benchmark::State& state, const std::string& impl, const LinearShape& s) {
+  LinearRun run(s);
+  const std::function<void()> call = linear_call(impl, s, run);
+  for (auto _ : state) call();
+  const LinearFlops f(s);
+  const double flops = impl.rfind("dense", 0) == 0 ? f.dense : impl.rfind("lowrank", 0) == 0 ? f.low : f.bd;
   state.counters["FLOP/s"] = benchmark::Counter(flops * double(kTokens), benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["theoretical_ratio"] = low / bd;  // BD against the low-rank layer it equals
-  state.counters["rank"] = double(r);
+  state.counters["theoretical_ratio"] = f.low / f.bd;  // BD against the low-rank layer it equals
+  state.counters["rank"] = double(s.rank());
+}
+
+/// linear/interleaved/<shape>: BDLinear, its low-rank twin on bd's kernel, and that twin on
+/// OpenBLAS (where built), one call each per iteration in rotating order (interleaved.hpp); BD
+/// against the faster twin is the figure the targets name.
+void linear_interleaved(benchmark::State& state, const LinearShape& s) {
+  LinearRun run(s);
+  std::vector<std::function<void()>> calls{linear_call("bd", s, run), linear_call("lowrank_kernel", s, run)};
+#ifdef BD_HAVE_OPENBLAS
+  calls.push_back(linear_call("lowrank_openblas", s, run));
+#endif
+  const std::vector<double> t = bd_bench::time_interleaved(state, calls);
+  const LinearFlops f(s);
+  const double twin = calls.size() > 2 ? std::min(t[1], t[2]) : t[1];
+  state.counters["bd_ms"] = t[0] * 1e3;
+  state.counters["lowrank_kernel_ms"] = t[1] * 1e3;
+  if (calls.size() > 2) state.counters["lowrank_openblas_ms"] = t[2] * 1e3;
+  state.counters["speedup"] = twin / t[0];  // against the faster low-rank twin
+  state.counters["theoretical_ratio"] = f.low / f.bd;
+  state.counters["share_of_theory"] = twin / t[0] / (f.low / f.bd);
+  state.counters["rank"] = double(s.rank());
 }
 
 int register_all() {
@@ -288,6 +338,9 @@ int register_all() {
       benchmark::RegisterBenchmark(("linear/" + impl + "/" + s.name()).c_str(),
                                    [impl, s](benchmark::State& st) { linear(st, impl, s); })
           ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
+    benchmark::RegisterBenchmark(("linear/interleaved/" + s.name()).c_str(),
+                                 [s](benchmark::State& st) { linear_interleaved(st, s); })
+        ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
     // The BD_CPU sweep: BDLinear on each instruction set this CPU runs.
     for (bd::kernel::Isa isa : {bd::kernel::Isa::Portable, bd::kernel::Isa::AVX2, bd::kernel::Isa::AVX512}) {
       if (!bd::kernel::cpu_has(isa)) continue;

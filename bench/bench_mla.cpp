@@ -6,7 +6,9 @@
 //                                              ones, by the path the cost model picks (counter
 //                                              `absorbed`: 1 when it maps queries into the latent);
 //   prefill/mla_recompute/<dense|bd>/<context> the same chunk with K/V (K'/V' by Algorithm 2 for
-//                                              BD) recomputed from the cached latent.
+//                                              BD) recomputed from the cached latent;
+//   decode/mla_absorbed/interleaved/<context>  the two layers' token in turn within one benchmark
+//                                              (interleaved.hpp): medians, speedup, GFLOP/s.
 //
 // The layer is DeepSeek-V3's at full size (config.json of deepseek-ai/DeepSeek-V3): hidden 7168,
 // 128 heads, query LoRA 1536, latent 512, nope 128, rope 64, v 128; weights uniform with the
@@ -20,6 +22,8 @@
 #include <bd/nn/bd_attention.hpp>
 #include <bd/nn/cost_model.hpp>
 #include <bd/nn/multi_head_attention.hpp>
+
+#include "interleaved.hpp"
 
 namespace {
 
@@ -91,6 +95,36 @@ void decode_absorbed(benchmark::State& state, bool bd) {
   state.counters["theoretical_ratio"] = (m.decode_dense + attend) / (m.decode_bd + attend);
 }
 
+/// decode/mla_absorbed/interleaved/<context>: the dense and BD layers' token in turn within one
+/// benchmark (interleaved.hpp), each on its own cache: medians and ratio from the same seconds.
+void decode_absorbed_interleaved(benchmark::State& state) {
+  const MlaPair& pair = mla_pair();
+  const Index context = state.range(0);
+  auto dense_cache = filled_cache(context, 1), bd_cache = filled_cache(context, 1);
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
+  const std::vector<double> t = bd_bench::time_interleaved(
+      state, {[&] {
+                Eigen::MatrixXf y = pair.dense.decode_absorbed(x, dense_cache);
+                benchmark::DoNotOptimize(y.data());
+                dense_cache.truncate(context);
+              },
+              [&] {
+                Eigen::MatrixXf y = pair.bd.decode_absorbed(x, bd_cache);
+                benchmark::DoNotOptimize(y.data());
+                bd_cache.truncate(context);
+              }});
+  const auto m = bd::nn::mla_cost(pair.shape, bd::nn::Mode::QKVO);
+  const double attend = m.context_flops(double(context + 1), pair.shape);
+  const double theory = (m.decode_dense + attend) / (m.decode_bd + attend);
+  state.counters["dense_ms"] = t[0] * 1e3;
+  state.counters["bd_ms"] = t[1] * 1e3;
+  state.counters["dense_GFLOP/s"] = (m.decode_dense + attend) / t[0] * 1e-9;
+  state.counters["bd_GFLOP/s"] = (m.decode_bd + attend) / t[1] * 1e-9;
+  state.counters["speedup"] = t[0] / t[1];
+  state.counters["theoretical_ratio"] = theory;
+  state.counters["share_of_theory"] = t[0] / t[1] / theory;
+}
+
 /// A chunk of kChunk tokens over `context` cached ones, by `path` (automatic: the cost model's
 /// choice, reported as the counter `absorbed`).
 void prefill_chunk(benchmark::State& state, bool bd, bd::nn::PrefillPath path) {
@@ -133,6 +167,8 @@ int register_all() {
                                  [bd](benchmark::State& s) { prefill_chunk(s, bd, bd::nn::PrefillPath::Recompute); })
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   }
+  benchmark::RegisterBenchmark("decode/mla_absorbed/interleaved", decode_absorbed_interleaved)
+      ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
   return 0;
 }
 

@@ -23,6 +23,8 @@
 #include <bd/nn/bd_attention.hpp>
 #include <bd/nn/multi_head_attention.hpp>
 
+#include "interleaved.hpp"
+
 namespace {
 
 using Eigen::Index;
@@ -87,33 +89,24 @@ void train_step(benchmark::State& state, bool bd) {
   state.counters["theoretical_ratio"] = step_flops(double(L), false) / step_flops(double(L), bd);
 }
 
-/// MHA's and BDA's steps alternately, each timed on its own (the order swapped every iteration):
-/// the two medians and their ratio come from the same seconds of the machine, so a slow spell
-/// (these shared machines drift by ±10 % over seconds) slows both alike instead of one.
+/// MHA's and BDA's steps alternately, each timed on its own (the order swapped every iteration,
+/// interleaved.hpp): the two medians and their ratio come from the same seconds of the machine,
+/// so a slow spell (these shared machines drift by ±10 % over seconds) slows both alike.
 void train_paired(benchmark::State& state) {
   const Index L = state.range(0);
   const TrainPair& pair = train_pair();
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, kDim), dy = Eigen::MatrixXf::Random(L, kDim) * 1e-2f;
   bd::Workspace ws;
-  std::vector<double> seconds[2];
-  auto step = [&](bool bd) {
-    const auto start = std::chrono::steady_clock::now();
-    const Eigen::MatrixXf y = bd ? pair.bda.forward(x, ws) : pair.mha.forward(x, ws);
-    const bd::nn::Gradients<float> g = bd ? pair.bda.backward(x, dy, ws) : pair.mha.backward(x, dy, ws);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::DoNotOptimize(g.input.data());
-    seconds[bd].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  const auto step = [&](bool bd) {
+    return [&, bd] {
+      const Eigen::MatrixXf y = bd ? pair.bda.forward(x, ws) : pair.mha.forward(x, ws);
+      const bd::nn::Gradients<float> g = bd ? pair.bda.backward(x, dy, ws) : pair.mha.backward(x, dy, ws);
+      benchmark::DoNotOptimize(y.data());
+      benchmark::DoNotOptimize(g.input.data());
+    };
   };
-  bool bd_first = false;
-  for (auto _ : state) {
-    step(bd_first), step(!bd_first);
-    bd_first = !bd_first;
-  }
-  auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
-  const double mha = median(seconds[0]), bda = median(seconds[1]);
+  const std::vector<double> t = bd_bench::time_interleaved(state, {step(false), step(true)});
+  const double mha = t[0], bda = t[1];
   const double theory = step_flops(double(L), false) / step_flops(double(L), true);
   state.counters["mha_ms"] = mha * 1e3;
   state.counters["bda_ms"] = bda * 1e3;
