@@ -230,7 +230,7 @@ struct LinearRun {
   Eigen::MatrixXf x, y, h;
 };
 
-/// One call of `impl` on shape s, into r's buffers.
+/// One call of `impl` on shape s, into run's buffers.
 std::function<void()> linear_call(const std::string& impl, const LinearShape& s, LinearRun& run) {
   const LinearLayers& layers = linear_layers(s);
   return [impl, s, &layers, &run, Vt = Eigen::MatrixXf(layers.low_rank.V().transpose())]() {  // Vt: r × d_out, for the BLAS calls
