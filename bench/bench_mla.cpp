@@ -78,21 +78,33 @@ bd::nn::LatentCache<float> filled_cache(Index context, Index extra) {
   return cache;
 }
 
+/// One token decoded absorbed by the dense or the BD layer; the cache back to `context` tokens.
+void decode_token(const MlaPair& pair, bool bd, const Eigen::MatrixXf& x, bd::nn::LatentCache<float>& cache, Index context) {
+  Eigen::MatrixXf y = bd ? pair.bd.decode_absorbed(x, cache) : pair.dense.decode_absorbed(x, cache);
+  benchmark::DoNotOptimize(y.data());
+  cache.truncate(context);
+}
+
+/// FLOPs of one absorbed token over `context` cached ones: the projections (mla_cost) plus the
+/// attention over the context, which BD does not change.
+struct DecodeFlops {
+  double dense, bd;
+  DecodeFlops(const MlaPair& pair, Index context) {
+    const auto m = bd::nn::mla_cost(pair.shape, bd::nn::Mode::QKVO);
+    const double attend = m.context_flops(double(context + 1), pair.shape);
+    dense = m.decode_dense + attend, bd = m.decode_bd + attend;
+  }
+};
+
 void decode_absorbed(benchmark::State& state, bool bd) {
   const MlaPair& pair = mla_pair();
   const Index context = state.range(0);
   auto cache = filled_cache(context, 1);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
-  for (auto _ : state) {
-    Eigen::MatrixXf y = bd ? pair.bd.decode_absorbed(x, cache) : pair.dense.decode_absorbed(x, cache);
-    benchmark::DoNotOptimize(y.data());
-    cache.truncate(context);
-  }
-  const auto m = bd::nn::mla_cost(pair.shape, bd::nn::Mode::QKVO);
-  const double attend = m.context_flops(double(context + 1), pair.shape);
-  const double flops = (bd ? m.decode_bd : m.decode_dense) + attend;
-  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["theoretical_ratio"] = (m.decode_dense + attend) / (m.decode_bd + attend);
+  for (auto _ : state) decode_token(pair, bd, x, cache, context);
+  const DecodeFlops f(pair, context);
+  state.counters["FLOP/s"] = benchmark::Counter(bd ? f.bd : f.dense, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["theoretical_ratio"] = f.dense / f.bd;
 }
 
 /// decode/mla_absorbed/interleaved/<context>: the dense and BD layers' token in turn within one
@@ -103,26 +115,15 @@ void decode_absorbed_interleaved(benchmark::State& state) {
   auto dense_cache = filled_cache(context, 1), bd_cache = filled_cache(context, 1);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
   const std::vector<double> t = bd_bench::time_interleaved(
-      state, {[&] {
-                Eigen::MatrixXf y = pair.dense.decode_absorbed(x, dense_cache);
-                benchmark::DoNotOptimize(y.data());
-                dense_cache.truncate(context);
-              },
-              [&] {
-                Eigen::MatrixXf y = pair.bd.decode_absorbed(x, bd_cache);
-                benchmark::DoNotOptimize(y.data());
-                bd_cache.truncate(context);
-              }});
-  const auto m = bd::nn::mla_cost(pair.shape, bd::nn::Mode::QKVO);
-  const double attend = m.context_flops(double(context + 1), pair.shape);
-  const double theory = (m.decode_dense + attend) / (m.decode_bd + attend);
+      state, {[&] { decode_token(pair, false, x, dense_cache, context); }, [&] { decode_token(pair, true, x, bd_cache, context); }});
+  const DecodeFlops f(pair, context);
   state.counters["dense_ms"] = t[0] * 1e3;
   state.counters["bd_ms"] = t[1] * 1e3;
-  state.counters["dense_GFLOP/s"] = (m.decode_dense + attend) / t[0] * 1e-9;
-  state.counters["bd_GFLOP/s"] = (m.decode_bd + attend) / t[1] * 1e-9;
+  state.counters["dense_GFLOP/s"] = f.dense / t[0] * 1e-9;
+  state.counters["bd_GFLOP/s"] = f.bd / t[1] * 1e-9;
   state.counters["speedup"] = t[0] / t[1];
-  state.counters["theoretical_ratio"] = theory;
-  state.counters["share_of_theory"] = t[0] / t[1] / theory;
+  state.counters["theoretical_ratio"] = f.dense / f.bd;
+  state.counters["share_of_theory"] = t[0] / t[1] / (f.dense / f.bd);
 }
 
 /// A chunk of kChunk tokens over `context` cached ones, by `path` (automatic: the cost model's
