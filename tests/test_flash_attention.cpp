@@ -152,7 +152,13 @@ const Shape kShapes[] = {
     {3, 40, 2, 2, 2, 8, 4, 8, true, 10},         // three queries at 10…12 over 40 keys: masked inside a block
     {2, 1300, 4, 1, 1, 20, 4, 20, false},        // MQA, not causal, two queries per head: 8 rows, two sweeps
     {3, 6000, 2, 1, 1, 21, 3, 9, true, 5997},    // 6 rows, 24 channels (not a multiple of 4 with d_qk 21)
-};                                               // over key blocks of 2720 (in L2 for two sweeps)
+                                                 // over key blocks of 2720 (in L2 for two sweeps)
+    // Keys split into chunks of 1024, each its own task, merged (few row blocks, many keys):
+    {1, 5000, 32, 1, 1, 32, 8, 32, true, 4999},  // absorbed decoding: 32 heads, five chunks, the last partial
+    {2, 4500, 64, 1, 1, 16, 0, 16, true, 1500},  // queries at 1500, 1501: chunks 2…4 after every row (no key seen)
+    {3, 3000, 8, 2, 2, 16, 4, 12, false},        // two groups of 12 rows, not causal, three chunks
+    {1, 70000, 16, 1, 1, 8, 0, 8, true, 69999},  // past 64 chunks of 1024: 64 chunks of 1094 keys
+};
 
 }  // namespace
 
@@ -185,15 +191,17 @@ TEST_CASE("flash attention: the online softmax stays exact with scores of ±1e4"
 }
 
 TEST_CASE("flash attention gives the same result on one thread and on all", "[kernel][flash]") {
-  // Each (head, row block) task runs whole on one thread, in the same order of key blocks: the
-  // partition of tasks over threads changes nothing, to the bit.
+  // Each (head, row block) task runs whole on one thread, in the same order of key blocks, and
+  // keys are split into chunks by the shape alone: the partition of tasks over threads changes
+  // nothing, to the bit. The second shape splits its keys (absorbed decoding).
   bd_test::for_each_isa([&] {
-    const Shape s{100, 300, 4, 2, 2, 16, 8, 16, true, 200};
-    const auto [one, one_error] = attend<float>(s, 9, 1);
-    const auto [all, all_error] = attend<float>(s, 9, 0);
-    CHECK(one_error <= kFloat);
-    CHECK(all_error <= kFloat);
-    CHECK(one == all);
+    for (const Shape& s : {Shape{100, 300, 4, 2, 2, 16, 8, 16, true, 200}, Shape{1, 4000, 48, 1, 1, 32, 8, 32, true, 3999}}) {
+      const auto [one, one_error] = attend<float>(s, 9, 1);
+      const auto [all, all_error] = attend<float>(s, 9, 0);
+      CHECK(one_error <= kFloat);
+      CHECK(all_error <= kFloat);
+      CHECK(one == all);
+    }
   });
 #ifdef _OPENMP
   if (omp_get_max_threads() < 2) WARN("one thread available: the comparison ran one thread twice");
@@ -237,9 +245,11 @@ TEST_CASE("flash attention allocates nothing for a shape its workspace has seen:
     return;
   }
   bd_test::for_each_isa([&] {
-    // A decoded token (one row per head, the few-row path) and a prefill chunk (the tiles), on all
-    // threads: the first call sizes the workspace's scratch, the next ones only read it.
-    for (const Shape& s : {Shape{1, 3000, 4, 4, 4, 16, 8, 16, true, 2999}, Shape{40, 300, 4, 2, 2, 16, 8, 16, true, 260}}) {
+    // A decoded token (one row per head, the few-row path), a prefill chunk (the tiles) and an
+    // absorbed token (32 heads against one latent: the keys split), on all threads: the first
+    // call sizes the workspace's scratch, the next ones only read it.
+    for (const Shape& s : {Shape{1, 3000, 4, 4, 4, 16, 8, 16, true, 2999}, Shape{40, 300, 4, 2, 2, 16, 8, 16, true, 260},
+                           Shape{1, 3000, 32, 1, 1, 16, 8, 16, true, 2999}}) {
       using M = Eigen::MatrixXf;
       const FloatCall in(s);
       M O(s.Lq, s.n_q * s.d_v);

@@ -15,6 +15,10 @@
 // MQA and absorbed MLA decoding (all heads against one latent) run one product per key block
 // for all of them: the keys are packed once and every tile is full.
 //
+// A group of at most 256 rows against many keys (absorbed MLA decoding: 128 heads, one latent)
+// splits its keys into chunks instead, each a task over all of the group's rows, merged at the
+// end (key_chunks): each key is packed once and a task is left for every thread.
+//
 // Few rows per key/value head (decoding) take flash_attention_few_rows instead, which reads K and
 // V where they lie, once, in order: decoding is bound by reading the cache.
 //
@@ -26,6 +30,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <type_traits>
@@ -87,14 +92,68 @@ template <typename T>
 struct FlashScratch {
   ScratchBuffer<T> values;
   ScratchBuffer<Index> positions;
+  ScratchBuffer<T> partials;  ///< key chunks' unnormalised outputs and row statistics (key_chunks)
+  ScratchBuffer<AttentionArguments<T>> parts;  ///< each key chunk's call
+  ScratchBuffer<T> queries;                    ///< with split keys, every task's packed queries
+  ScratchBuffer<Index> task_positions;         ///< and its rows' positions, heads and tokens
 };
 
+/// Keys per chunk when a call's keys are split (key_chunks), and at most how many chunks (past
+/// 64 Ki keys the chunks grow instead).
+constexpr Index flash_chunk_keys() { return 1024; }
+constexpr Index flash_max_chunks() { return 64; }
+
+/// Into how many chunks a call's keys are split, each attended to as its own task and the
+/// results merged (FlashDecoding, Dao et al. 2023). Absorbed MLA decoding is 128 query rows
+/// against one long latent: as row blocks of 64 it made two tasks, each packing every key and
+/// value for its 64 rows, so each key was packed twice and served 64 rows each time. Split, a
+/// task takes all of its group's rows and each key is packed once. Chosen from the shape only,
+/// never from the thread count: a row's sums run in the same order whatever the threads, so one
+/// thread and many give the same bits. Split when a group has at most 256 rows against at least
+/// two chunks of keys, and never in a streaming call (its running state is one per row).
+template <typename T>
+Index key_chunks(const AttentionArguments<T>& a, Index rows) {
+  if (a.row_max || rows > 256 || a.k_len < 2 * flash_chunk_keys()) return 1;
+  return std::min(flash_max_chunks(), (a.k_len + flash_chunk_keys() - 1) / flash_chunk_keys());
+}
+
+/// The merge of the chunks' results: each row's max M = max_c m_c, sum Σ_c l_c·e^(m_c − M) and
+/// output Σ_c O_c·e^(m_c − M) / sum — the online softmax's step, taken once per chunk. A chunk
+/// whose keys all follow the row (causal) left m_c = −∞ and adds nothing.
+template <typename T>
+void merge_key_chunks(const AttentionArguments<T>& a, Index chunks, const T* partial, int threads) {
+  const Index n = a.n_q * a.q_len, o_size = n * a.d_v, chunk_size = o_size + 2 * n;
+  (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+  for (Index row = 0; row < n; ++row) {
+    const Index h = row / a.q_len, t = row % a.q_len;
+    T top = -std::numeric_limits<T>::infinity();
+    for (Index c = 0; c < chunks; ++c) top = std::max(top, partial[c * chunk_size + o_size + row]);
+    T weight[flash_max_chunks()], sum = T(0);  // e^(m_c − M), 0 for a chunk the row saw no key of
+    for (Index c = 0; c < chunks; ++c) {
+      const T m = partial[c * chunk_size + o_size + row];
+      weight[c] = m == -std::numeric_limits<T>::infinity() ? T(0) : std::exp(m - top);
+      sum += weight[c] * partial[c * chunk_size + o_size + n + row];
+    }
+    for (Index d = 0; d < a.d_v; ++d) {
+      T acc = T(0);
+      for (Index c = 0; c < chunks; ++c)
+        if (weight[c] != T(0)) acc += weight[c] * partial[c * chunk_size + (h * a.d_v + d) * a.q_len + t];
+      a.out[(h * a.d_v + d) * a.ldo + t] = acc / sum;
+    }
+  }
+}
+
 template <typename Kernel, typename T>
-void flash_attention_on(const AttentionArguments<T>& a, int threads, FlashScratch<T>& scratch) {
+void flash_attention_on(const AttentionArguments<T>& whole, int threads, FlashScratch<T>& scratch) {
   constexpr Index MR = Kernel::mr, NR = Kernel::nr;
-  const Index groups = std::lcm(a.n_k, a.n_v), group = a.n_q / groups;  // heads sharing a key and a value head
-  const Index rows = group * a.q_len, D = a.d_qk + a.d_rope, dv = a.d_v;
-  const Index Bq = flash_row_block(MR), Bk = flash_key_block(D, dv, sizeof(T));
+  const Index groups = std::lcm(whole.n_k, whole.n_v), group = whole.n_q / groups;  // heads sharing a key and a value head
+  const Index rows = group * whole.q_len, D = whole.d_qk + whole.d_rope, dv = whole.d_v;
+  const Index chunks = key_chunks(whole, rows);
+  // Split keys: a task takes all of its group's rows, so each key is packed once (key_chunks).
+  const Index Bq = chunks > 1 ? round_up(rows, MR) : flash_row_block(MR), Bk = flash_key_block(D, dv, sizeof(T));
   const Index row_blocks = (rows + Bq - 1) / Bq, tasks = groups * row_blocks;
   const Index panels = Bq / MR, dv_padded = round_up(dv, NR);
   // Per worker: packed queries, keys and values of one block, scores, output accumulators,
@@ -106,16 +165,71 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads, FlashScratc
   T* const buffers = scratch.values.reserve(static_cast<std::size_t>(per_worker * workers));
   Index* const positions = scratch.positions.reserve(static_cast<std::size_t>(3 * Bq * workers));  // pos, head, token
   const Index no_mask = std::numeric_limits<Index>::max() / 2;
-  (void)tasks;
+  // Each chunk of keys is a streaming call of its own into its part of `partials`: its output
+  // (q_len × n_q·d_v, unnormalised), then its rows' max and sum, from −∞ and 0.
+  AttentionArguments<T>* const parts = chunks > 1 ? scratch.parts.reserve(static_cast<std::size_t>(chunks)) : nullptr;
+  if (chunks > 1) {
+    const Index n = whole.n_q * whole.q_len, chunk_size = n * dv + 2 * n;
+    const Index chunk_keys = (whole.k_len + chunks - 1) / chunks;
+    T* const partial = scratch.partials.reserve(static_cast<std::size_t>(chunks * chunk_size));
+    for (Index c = 0; c < chunks; ++c) {
+      AttentionArguments<T> part = whole;
+      const Index k0 = c * chunk_keys;
+      part.k_len = std::min(chunk_keys, whole.k_len - k0);
+      part.k += k0, part.v += k0, part.first_key_position += k0;
+      if (whole.d_rope) part.kr += k0;
+      part.out = partial + c * chunk_size, part.ldo = whole.q_len;
+      part.row_max = part.out + n * dv, part.row_sum = part.row_max + n;
+      std::fill(part.row_max, part.row_max + n, -std::numeric_limits<T>::infinity());
+      std::fill(part.row_sum, part.row_sum + n, T(0));
+      parts[c] = part;
+    }
+  }
+  // A task's rows (query head and token of each; rows past the end are never masked) and its
+  // queries, scaled: qp[p·MR·D + k·MR + i] for row p·MR + i of the block, zero rows past the end.
+  // Channel by channel, each read down a column of Q: row by row, every read was a column apart,
+  // and packing and unpacking rows that way took half of the attention's time.
+  const auto prepare_rows = [&](Index task, Index* pos, T* qp) {
+    const Index g = task % groups, r0 = (row_blocks - 1 - task / groups) * Bq, nrows = std::min(Bq, rows - r0);
+    Index* const head = pos + Bq;
+    Index* const token = head + Bq;
+    for (Index i = 0; i < Bq; ++i) {
+      if (i >= nrows) {
+        pos[i] = no_mask;
+        continue;
+      }
+      const Index r = r0 + i;
+      head[i] = g * group + r / whole.q_len, token[i] = r % whole.q_len;
+      pos[i] = whole.causal ? whole.first_query_position + token[i] : no_mask;
+    }
+    for (Index k = 0; k < D; ++k) {
+      T* to = qp + k * MR;
+      const bool rope = k >= whole.d_qk;
+      const T* from = rope ? whole.qr + (k - whole.d_qk) * whole.ldqr : whole.q + k * whole.ldq;
+      const Index head_stride = rope ? whole.d_rope * whole.ldqr : whole.d_qk * whole.ldq;
+      for (Index i = 0; i < nrows; ++i) to[(i / MR) * MR * D + i % MR] = from[head[i] * head_stride + token[i]] * whole.scale;
+      for (Index i = nrows; i < Bq; ++i) to[(i / MR) * MR * D + i % MR] = T(0);
+    }
+  };
+  // Split keys: each task's rows and queries once for all of its chunks (they do not depend on
+  // the keys), then every (task, chunk) a unit of work.
+  T* const shared_queries = chunks > 1 ? scratch.queries.reserve(static_cast<std::size_t>(tasks * q_size)) : nullptr;
+  Index* const shared_positions = chunks > 1 ? scratch.task_positions.reserve(static_cast<std::size_t>(tasks * 3 * Bq)) : nullptr;
+  for (Index task = 0; chunks > 1 && task < tasks; ++task)
+    prepare_rows(task, shared_positions + task * 3 * Bq, shared_queries + task * q_size);
+  const Index units = tasks * chunks;
+  (void)units;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && tasks > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)
 #endif
-  for (Index task = 0; task < tasks; ++task) {
+  for (Index unit = 0; unit < units; ++unit) {
 #ifdef _OPENMP
     const Index me = omp_get_thread_num();
 #else
     const Index me = 0;
 #endif
+    const Index task = unit / chunks;
+    const AttentionArguments<T>& a = chunks > 1 ? parts[unit % chunks] : whole;
     T* const qp = buffers + me * per_worker;
     T* const kp = qp + q_size;
     T* const vp = kp + k_size;
@@ -131,31 +245,14 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads, FlashScratc
     const Index g = task % groups, r0 = (row_blocks - 1 - task / groups) * Bq, nrows = std::min(Bq, rows - r0);
     const Index kh = g * a.n_k / groups, vh = g * a.n_v / groups;
 
-    // The block's rows: query head and token of each (rows past the end: never masked).
-    Index* const head = pos + Bq;
-    Index* const token = head + Bq;
+    if (chunks == 1) prepare_rows(task, pos, qp);
+    // Split keys: the task's rows and queries, prepared once for all of its chunks.
+    const Index* const row_info = chunks > 1 ? shared_positions + task * 3 * Bq : pos;
+    const T* const queries = chunks > 1 ? shared_queries + task * q_size : qp;
+    const Index* const head = row_info + Bq;
+    const Index* const token = head + Bq;
     Index last_position = 0;
-    for (Index i = 0; i < Bq; ++i) {
-      if (i >= nrows) {
-        pos[i] = no_mask;
-        continue;
-      }
-      const Index r = r0 + i;
-      head[i] = g * group + r / a.q_len, token[i] = r % a.q_len;
-      pos[i] = a.causal ? a.first_query_position + token[i] : no_mask;
-      last_position = std::max(last_position, a.first_query_position + token[i]);
-    }
-    // Queries, scaled: qp[p·MR·D + k·MR + i] for row p·MR + i of the block; zero rows past the
-    // end. Channel by channel, each read down a column of Q: row by row, every read was a
-    // column apart, and packing and unpacking rows that way took half of the attention's time.
-    for (Index k = 0; k < D; ++k) {
-      T* to = qp + k * MR;
-      const bool rope = k >= a.d_qk;
-      const T* from = rope ? a.qr + (k - a.d_qk) * a.ldqr : a.q + k * a.ldq;
-      const Index head_stride = rope ? a.d_rope * a.ldqr : a.d_qk * a.ldq;
-      for (Index i = 0; i < nrows; ++i) to[(i / MR) * MR * D + i % MR] = from[head[i] * head_stride + token[i]] * a.scale;
-      for (Index i = nrows; i < Bq; ++i) to[(i / MR) * MR * D + i % MR] = T(0);
-    }
+    for (Index i = 0; i < nrows; ++i) last_position = std::max(last_position, a.first_query_position + token[i]);
     const Index k_end = a.causal ? std::min(a.k_len, last_position + 1 - a.first_key_position) : a.k_len;
     if (k_end <= 0) continue;  // every key is after every row: nothing to add (streaming)
     const bool streaming = a.row_max != nullptr;
@@ -183,6 +280,10 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads, FlashScratc
         for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
           const Index nj = std::min(NR, bk - j0);
           T* to = kp + j0 * D + c * NR;
+          if (nj == NR) {  // a fixed-length copy the compiler unrolls: std::copy of NR values was a memmove call each
+            for (Index j = 0; j < NR; ++j) to[j] = from[j0 + j];
+            continue;
+          }
           std::copy(from + j0, from + j0 + nj, to);
           std::fill(to + nj, to + NR, T(0));
         }
@@ -203,7 +304,7 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads, FlashScratc
         }
       }
       for (Index p = 0; p < panels; ++p) {
-        const Index* row_pos = pos + p * MR;
+        const Index* row_pos = row_info + p * MR;
         if (p * MR >= nrows) break;
         Index lowest = no_mask, highest = 0;  // over the panel's rows (padding rows are never masked)
         for (Index i = 0; i < std::min(MR, nrows - p * MR); ++i)
@@ -219,7 +320,7 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads, FlashScratc
         for (Index j0 = 0; j0 < kn; j0 += NR) {
           T* dst[NR];
           for (Index j = 0; j < NR; ++j) dst[j] = s + (j0 + j) * MR;
-          Kernel::tile(std::min(NR, bk - j0), D, qp + p * MR * D, kp + j0 * D, nullptr, nullptr, dst);
+          Kernel::tile(std::min(NR, bk - j0), D, queries + p * MR * D, kp + j0 * D, nullptr, nullptr, dst);
         }
         if (lowest < key0 + kn - 1)  // the causal diagonal crosses this block: mask keys after each row
           for (Index i = 0; i < MR; ++i)
@@ -241,10 +342,18 @@ void flash_attention_on(const AttentionArguments<T>& a, int threads, FlashScratc
       alpha[i] = streaming ? T(1) : T(1) / l[i];
       if (streaming) a.row_max[head[i] * a.q_len + token[i]] = m[i], a.row_sum[head[i] * a.q_len + token[i]] = l[i];
     }
-    for (Index c = 0; c < dv; ++c)
+    const auto unpack = [&](Index i, Index c) {
+      a.out[(head[i] * dv + c) * a.ldo + token[i]] = op[(i / MR) * MR * dv_padded + c * MR + i % MR] * alpha[i];
+    };
+    if (a.q_len == 1) {  // one token per head (decoding): a row's channels lie next to each other
       for (Index i = 0; i < nrows; ++i)
-        a.out[(head[i] * dv + c) * a.ldo + token[i]] = op[(i / MR) * MR * dv_padded + c * MR + i % MR] * alpha[i];
+        for (Index c = 0; c < dv; ++c) unpack(i, c);
+    } else {
+      for (Index c = 0; c < dv; ++c)
+        for (Index i = 0; i < nrows; ++i) unpack(i, c);
+    }
   }
+  if (chunks > 1) merge_key_chunks(whole, chunks, parts[0].out, threads);
 }
 
 /// Few query rows per key/value head (decoding, GQA decoding: group·Lq ≤ 8): the tile path would
