@@ -8,7 +8,8 @@
 //   prefill/mla_recompute/<dense|bd>/<context> the same chunk with K/V (K'/V' by Algorithm 2 for
 //                                              BD) recomputed from the cached latent;
 //   decode/mla_absorbed/interleaved/<context>  the two layers' token in turn within one benchmark
-//                                              (interleaved.hpp): medians, speedup, GFLOP/s.
+//                                              (interleaved.hpp): medians, speedup, GFLOP/s;
+//   prefill/mla_chunk/interleaved/<context>    the same for the chunk (automatic path).
 //
 // The layer is DeepSeek-V3's at full size (config.json of deepseek-ai/DeepSeek-V3): hidden 7168,
 // 128 heads, query LoRA 1536, latent 512, nope 128, rope 64, v 128; weights uniform with the
@@ -126,6 +127,37 @@ void decode_absorbed_interleaved(benchmark::State& state) {
   state.counters["share_of_theory"] = t[0] / t[1] / (f.dense / f.bd);
 }
 
+/// A chunk of kChunk tokens prefilled by the dense or the BD layer over `context` cached ones,
+/// by `path`; the cache back to `context` tokens.
+void prefill_tokens(const MlaPair& pair, bool bd, const Eigen::MatrixXf& x, bd::nn::LatentCache<float>& cache, Index context,
+                    bd::nn::PrefillPath path) {
+  Eigen::MatrixXf y = bd ? pair.bd.prefill(x, cache, path) : pair.dense.prefill(x, cache, path);
+  benchmark::DoNotOptimize(y.data());
+  cache.truncate(context);
+}
+
+/// FLOPs of a chunk's step by `path` (automatic: the cost model's choice): the chunk's own
+/// projections, then the path's work (bd::nn::chunk_plan: the K/V up-projection of all context +
+/// chunk tokens and attention at the heads' widths, or the maps into and out of the latent and
+/// attention at its width). Causal: the chunk's own keys count in full (a 64-token triangle
+/// against 16k keys is below the figures' precision).
+struct ChunkFlops {
+  double dense, bd;
+  bool dense_absorbed, bd_absorbed;
+  ChunkFlops(const MlaPair& pair, Index context, bd::nn::PrefillPath path) {
+    const auto per = bd::nn::attention_cost(pair.shape, bd::nn::Mode::QKVO);
+    const double own = double(kChunk) * (per.dense.q_flops + per.dense.o_flops + per.dense.other_flops);
+    const auto plan_d = pair.dense.plan_chunk(kChunk, context + kChunk), plan_b = pair.bd.plan_chunk(kChunk, context + kChunk);
+    const bd::nn::PrefillPath chosen_d = path == bd::nn::PrefillPath::Automatic ? plan_d.path : path;
+    const bd::nn::PrefillPath chosen_b = path == bd::nn::PrefillPath::Automatic ? plan_b.path : path;
+    const auto work = [](const bd::nn::ChunkPlan& p, bd::nn::PrefillPath c) {
+      return c == bd::nn::PrefillPath::Absorbed ? p.absorbed_flops : p.recompute_flops;
+    };
+    dense = own + work(plan_d, chosen_d), bd = own + work(plan_b, chosen_b);
+    dense_absorbed = chosen_d == bd::nn::PrefillPath::Absorbed, bd_absorbed = chosen_b == bd::nn::PrefillPath::Absorbed;
+  }
+};
+
 /// A chunk of kChunk tokens over `context` cached ones, by `path` (automatic: the cost model's
 /// choice, reported as the counter `absorbed`).
 void prefill_chunk(benchmark::State& state, bool bd, bd::nn::PrefillPath path) {
@@ -133,27 +165,32 @@ void prefill_chunk(benchmark::State& state, bool bd, bd::nn::PrefillPath path) {
   const Index context = state.range(0);
   auto cache = filled_cache(context, kChunk);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(kChunk, kHidden);
-  for (auto _ : state) {
-    Eigen::MatrixXf y = bd ? pair.bd.prefill(x, cache, path) : pair.dense.prefill(x, cache, path);
-    benchmark::DoNotOptimize(y.data());
-    cache.truncate(context);
-  }
-  // Per step: the chunk's own projections, then the path's work (bd::nn::chunk_plan: the K/V
-  // up-projection of all context + chunk tokens and attention at the heads' widths, or the maps
-  // into and out of the latent and attention at its width). Causal: the chunk's own keys count
-  // in full (a 64-token triangle against 16k keys is below the figures' precision).
-  const auto per = bd::nn::attention_cost(pair.shape, bd::nn::Mode::QKVO);
-  const double own = double(kChunk) * (per.dense.q_flops + per.dense.o_flops + per.dense.other_flops);
-  const auto plan_d = pair.dense.plan_chunk(kChunk, context + kChunk), plan_b = pair.bd.plan_chunk(kChunk, context + kChunk);
-  const bd::nn::PrefillPath chosen_d = path == bd::nn::PrefillPath::Automatic ? plan_d.path : path;
-  const bd::nn::PrefillPath chosen_b = path == bd::nn::PrefillPath::Automatic ? plan_b.path : path;
-  const auto work = [](const bd::nn::ChunkPlan& p, bd::nn::PrefillPath c) {
-    return c == bd::nn::PrefillPath::Absorbed ? p.absorbed_flops : p.recompute_flops;
-  };
-  const double dense = own + work(plan_d, chosen_d), bdf = own + work(plan_b, chosen_b);
-  state.counters["FLOP/s"] = benchmark::Counter(bd ? bdf : dense, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["theoretical_ratio"] = dense / bdf;
-  state.counters["absorbed"] = double((bd ? chosen_b : chosen_d) == bd::nn::PrefillPath::Absorbed);
+  for (auto _ : state) prefill_tokens(pair, bd, x, cache, context, path);
+  const ChunkFlops f(pair, context, path);
+  state.counters["FLOP/s"] = benchmark::Counter(bd ? f.bd : f.dense, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["theoretical_ratio"] = f.dense / f.bd;
+  state.counters["absorbed"] = double(bd ? f.bd_absorbed : f.dense_absorbed);
+}
+
+/// prefill/mla_chunk/interleaved/<context>: the dense and BD layers' chunk (automatic path) in
+/// turn within one benchmark, each on its own cache: medians and ratio from the same seconds.
+void prefill_chunk_interleaved(benchmark::State& state) {
+  const MlaPair& pair = mla_pair();
+  const Index context = state.range(0);
+  const auto path = bd::nn::PrefillPath::Automatic;
+  auto dense_cache = filled_cache(context, kChunk), bd_cache = filled_cache(context, kChunk);
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(kChunk, kHidden);
+  const std::vector<double> t = bd_bench::time_interleaved(state, {[&] { prefill_tokens(pair, false, x, dense_cache, context, path); },
+                                                                   [&] { prefill_tokens(pair, true, x, bd_cache, context, path); }});
+  const ChunkFlops f(pair, context, path);
+  state.counters["dense_ms"] = t[0] * 1e3;
+  state.counters["bd_ms"] = t[1] * 1e3;
+  state.counters["dense_GFLOP/s"] = f.dense / t[0] * 1e-9;
+  state.counters["bd_GFLOP/s"] = f.bd / t[1] * 1e-9;
+  state.counters["speedup"] = t[0] / t[1];
+  state.counters["theoretical_ratio"] = f.dense / f.bd;
+  state.counters["share_of_theory"] = t[0] / t[1] / (f.dense / f.bd);
+  state.counters["absorbed"] = double(f.bd_absorbed);
 }
 
 int register_all() {
@@ -169,6 +206,8 @@ int register_all() {
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   }
   benchmark::RegisterBenchmark("decode/mla_absorbed/interleaved", decode_absorbed_interleaved)
+      ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+  benchmark::RegisterBenchmark("prefill/mla_chunk/interleaved", prefill_chunk_interleaved)
       ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
   return 0;
 }
