@@ -108,6 +108,18 @@ void decode_absorbed(benchmark::State& state, bool bd) {
   state.counters["theoretical_ratio"] = f.dense / f.bd;
 }
 
+/// The counters of an interleaved dense/BD benchmark: each one's median time (t[0] dense, t[1]
+/// BD) and rate from its FLOPs, the speedup and its share of the FLOP ratio.
+void pair_counters(benchmark::State& state, const std::vector<double>& t, double dense_flops, double bd_flops) {
+  state.counters["dense_ms"] = t[0] * 1e3;
+  state.counters["bd_ms"] = t[1] * 1e3;
+  state.counters["dense_GFLOP/s"] = dense_flops / t[0] * 1e-9;
+  state.counters["bd_GFLOP/s"] = bd_flops / t[1] * 1e-9;
+  state.counters["speedup"] = t[0] / t[1];
+  state.counters["theoretical_ratio"] = dense_flops / bd_flops;
+  state.counters["share_of_theory"] = t[0] / t[1] / (dense_flops / bd_flops);
+}
+
 /// decode/mla_absorbed/interleaved/<context>: the dense and BD layers' token in turn within one
 /// benchmark (interleaved.hpp), each on its own cache: medians and ratio from the same seconds.
 void decode_absorbed_interleaved(benchmark::State& state) {
@@ -118,13 +130,7 @@ void decode_absorbed_interleaved(benchmark::State& state) {
   const std::vector<double> t = bd_bench::time_interleaved(
       state, {[&] { decode_token(pair, false, x, dense_cache, context); }, [&] { decode_token(pair, true, x, bd_cache, context); }});
   const DecodeFlops f(pair, context);
-  state.counters["dense_ms"] = t[0] * 1e3;
-  state.counters["bd_ms"] = t[1] * 1e3;
-  state.counters["dense_GFLOP/s"] = f.dense / t[0] * 1e-9;
-  state.counters["bd_GFLOP/s"] = f.bd / t[1] * 1e-9;
-  state.counters["speedup"] = t[0] / t[1];
-  state.counters["theoretical_ratio"] = f.dense / f.bd;
-  state.counters["share_of_theory"] = t[0] / t[1] / (f.dense / f.bd);
+  pair_counters(state, t, f.dense, f.bd);
 }
 
 /// A chunk of kChunk tokens prefilled by the dense or the BD layer over `context` cached ones,
@@ -183,13 +189,7 @@ void prefill_chunk_interleaved(benchmark::State& state) {
   const std::vector<double> t = bd_bench::time_interleaved(state, {[&] { prefill_tokens(pair, false, x, dense_cache, context, path); },
                                                                    [&] { prefill_tokens(pair, true, x, bd_cache, context, path); }});
   const ChunkFlops f(pair, context, path);
-  state.counters["dense_ms"] = t[0] * 1e3;
-  state.counters["bd_ms"] = t[1] * 1e3;
-  state.counters["dense_GFLOP/s"] = f.dense / t[0] * 1e-9;
-  state.counters["bd_GFLOP/s"] = f.bd / t[1] * 1e-9;
-  state.counters["speedup"] = t[0] / t[1];
-  state.counters["theoretical_ratio"] = f.dense / f.bd;
-  state.counters["share_of_theory"] = t[0] / t[1] / (f.dense / f.bd);
+  pair_counters(state, t, f.dense, f.bd);
   state.counters["absorbed"] = double(f.bd_absorbed);
 }
 
