@@ -66,11 +66,28 @@ void check_orders(Eigen::Index L, Eigen::Index K, Eigen::Index N, unsigned seed)
 
 TEST_CASE("matmul: every storage order equals Eigen's product, float and double", "[kernel][matmul]") {
   bd_test::for_each_isa([] {
-    for (auto [L, K, N] : {std::tuple<int, int, int>{128, 128, 128}, {131, 97, 45}, {37, 513, 29}, {200, 64, 700},
-                           {65, 1000, 13}}) {
+    // The first four are below matmul_threshold or at most skinny_rows rows (dot products,
+    // product_small); the rest go through the packed GEMM.
+    for (auto [L, K, N] : {std::tuple<int, int, int>{1, 1, 1}, {17, 9, 23}, {63, 64, 65}, {3, 700, 90}, {128, 128, 128},
+                           {131, 97, 45}, {37, 513, 29}, {200, 64, 700}, {65, 1000, 13}}) {
       check_orders<double>(L, K, N, 11u + unsigned(L));
       check_orders<float>(L, K, N, 17u + unsigned(L));
     }
+  });
+}
+
+TEST_CASE("matmul: a small product adds into its output, and an empty depth gives zeros", "[kernel][matmul]") {
+  bd_test::for_each_isa([] {
+    const Mat<double> a = bd_test::gaussian(21, 13, 3), b = bd_test::gaussian(13, 30, 4), c = bd_test::gaussian(21, 30, 5);
+    Mat<double> out = c;
+    bd::kernel::matmul_add_into(a, b, out);
+    // out − c is the product to within the sum's rounding, |c| adding one rounding per entry.
+    const Eigen::ArrayXXd bound = 8.0 * std::sqrt(13.0) * std::numeric_limits<double>::epsilon() *
+                                  ((a.cwiseAbs() * b.cwiseAbs()).array() + c.array().abs());
+    CHECK(((out - c - a * b).array().abs() <= bound).all());
+    Mat<float> empty = Mat<float>::Constant(4, 5, 7.0f);
+    bd::kernel::matmul_into(Mat<float>(4, 0), Mat<float>(0, 5), empty);
+    CHECK((empty.array() == 0.0f).all());
   });
 }
 

@@ -199,7 +199,8 @@ BD_DEFERRED void row_geometry_transposed(const FactoredProduct& p, Eigen::Matrix
   }
   const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(p.G);
   const Eigen::VectorXd scale = eig.eigenvalues().array().max(0.0).sqrt();
-  Ft = scale.asDiagonal() * (eig.eigenvectors().transpose() * p.U.transpose());
+  bd::kernel::matmul_into(eig.eigenvectors().transpose(), p.U.transpose(), Ft, ws);
+  Ft.array().colwise() *= scale.array();  // Λ^½·Eᵀ·Uᵀ: row k scaled by √λ_k
 }
 
 /// The instantiations bd::compiled holds (src/compiled_ranking.cpp).

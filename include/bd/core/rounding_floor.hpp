@@ -33,7 +33,9 @@ double rounding_floor(const FactoredProduct& p, std::uint64_t seed) {
     std::vector<Index> I(static_cast<std::size_t>(std::min(side, p.m()))), J(static_cast<std::size_t>(std::min(side, p.n())));
     for (auto& i : I) i = row(rng);
     for (auto& j : J) j = col(rng);
-    const Eigen::MatrixXd block = p.U(I, Eigen::all) * p.V_rows(J).transpose();
+    const Eigen::MatrixXd U_I = p.U(I, Eigen::all), V_J = p.V_rows(J);
+    Eigen::MatrixXd block(U_I.rows(), V_J.rows());
+    bd::kernel::matmul_into(U_I, V_J.transpose(), block);
     const double err = (rounded_in_double<Scalar>(block) - block).squaredNorm(), energy = block.squaredNorm();
     return energy > 0 ? err / energy : u * u / 3;
   }

@@ -3,11 +3,12 @@
 // Preparation runs in double, and in float where that is provably harmless (forming B = U_S·Vᵀ,
 // Grams, refits). Eigen's own products are compiled with the flags of the program that
 // includes bd — SSE2 in a default build, a quarter of what an AVX2 or AVX-512 core does.
-// Products large enough to matter go through bd::kernel::gemm (runtime-dispatched); small ones
-// stay with Eigen, where the call costs less — over plain maps, so that Eigen's GEMM is compiled
-// once per scalar type, not once per call site's expression types. Operands with direct access are read in place,
-// transposed ones too (`matmul(V.transpose(), V)` copies nothing): the kernel packs either
-// storage order.
+// Products large enough to matter go through bd::kernel::gemm (runtime-dispatched); small ones,
+// where packing would cost more than it saves, as dot products on the same kernel's dot_rows.
+// Neither compiles Eigen's GEMM: what a program pays to compile for a product is bd's kernels,
+// once per (ISA, scalar type), whatever the call sites' expression types. Operands with direct
+// access are read in place, transposed ones too (`matmul(V.transpose(), V)` copies nothing): the
+// kernel packs either storage order.
 #pragma once
 
 #include <algorithm>
@@ -21,7 +22,7 @@
 
 namespace bd::kernel {
 
-/// Multiply-adds below which matmul() leaves the product to Eigen.
+/// Multiply-adds below which matmul() computes the product as dot products (detail::product_small).
 inline constexpr Index matmul_threshold = Index(64) * 64 * 64;
 
 namespace detail {
@@ -91,29 +92,66 @@ void linear_into(const T* x, Index ldx, Index rows, Index depth, const S* w, Ind
 }
 
 namespace detail {
-/// out = a·b or out += a·b for a small product, on Eigen's product over plain maps of the two
-/// operands (each read in its storage order: a row-major operand is the transpose of a
-/// column-major one). One function per scalar type: every call site shares its four Eigen
-/// products (the storage orders' combinations), where a product over the call site's own
-/// expression types compiled Eigen's GEMM again for each of them.
+/// product_small's copies of operands it cannot read as dot products in place (a Workspace's).
+template <typename T>
+struct SmallProductScratch {
+  ScratchBuffer<T> rows;     ///< a, row-major (a column-major a, transposed)
+  ScratchBuffer<T> columns;  ///< b, column-major (a row-major b, transposed)
+};
+
+/// out = a·b or out += a·b for a small product (or one of at most skinny_rows rows), as dot
+/// products on the dispatched kernel's dot_rows: out(i, c) = a(i, :)·b(:, c), four rows of a
+/// against a run of b's columns per call. Rows of a and columns of b are read where they are
+/// contiguous (a row-major a, a column-major b: a Gram's aᵀ·a reads its operand in place) and
+/// copied once otherwise — m·k or k·n values against the m·k·n multiply-adds. bd's own code,
+/// compiled once per (ISA, scalar) with the kernels it already has. Eigen's GEMM, which this
+/// replaced, compiled its GEMM chain for float and double in four storage orders into every
+/// program that reached a product (the README's example: 14 % of its compiler memory, see
+/// docs/architecture.md) and ran at the program's baseline ISA.
 template <typename T>
 void product_small(const Operand<T>& a, const Operand<T>& b, Index rows, Index depth, Index cols, T* out, Index ldo,
-                   bool accumulate) {
-  using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
-  using ConstMap = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
-  Eigen::Map<Matrix, 0, Eigen::OuterStride<>> o(out, rows, cols, Eigen::OuterStride<>(ldo));
-  const auto stored = [](const Operand<T>& x, Index r, Index c) {  // the operand as its storage holds it
-    return x.row_major ? ConstMap(x.data, c, r, Eigen::OuterStride<>(x.ld)) : ConstMap(x.data, r, c, Eigen::OuterStride<>(x.ld));
-  };
-  const ConstMap A = stored(a, rows, depth), B = stored(b, depth, cols);
-  const auto assign = [&](const auto& product) {
-    if (accumulate) o.noalias() += product;
-    else o.noalias() = product;
-  };
-  if (!a.row_major && !b.row_major) assign(A * B);
-  else if (!a.row_major) assign(A * B.transpose());
-  else if (!b.row_major) assign(A.transpose() * B);
-  else assign(A.transpose() * B.transpose());
+                   bool accumulate, Workspace& ws) {
+  if (rows == 0 || cols == 0) return;
+  if (depth == 0) {
+    if (!accumulate)
+      for (Index c = 0; c < cols; ++c) std::fill(out + c * ldo, out + c * ldo + rows, T(0));
+    return;
+  }
+  const T* a_rows = a.data;
+  Index lda = a.ld;
+  const T* b_columns = b.data;
+  Index ldb = b.ld;
+  if (!a.row_major || b.row_major) {
+    SmallProductScratch<T>& scratch = ws.local<SmallProductScratch<T>>();
+    if (!a.row_major) {  // a(i, k) = a.data[k·ld + i]: read along k's columns, write row i's runs
+      T* copy = scratch.rows.reserve(static_cast<std::size_t>(rows * depth));
+      for (Index k = 0; k < depth; ++k)
+        for (Index i = 0; i < rows; ++i) copy[i * depth + k] = a.data[k * a.ld + i];
+      a_rows = copy, lda = depth;
+    }
+    if (b.row_major) {  // b(k, c) = b.data[k·ld + c]
+      T* copy = scratch.columns.reserve(static_cast<std::size_t>(depth * cols));
+      for (Index k = 0; k < depth; ++k)
+        for (Index c = 0; c < cols; ++c) copy[c * depth + k] = b.data[k * b.ld + c];
+      b_columns = copy, ldb = depth;
+    }
+  }
+  constexpr Index run = 64;  // columns per call: the dots (4 × run values) stay on the stack
+  on_active_kernel<T>([&](auto kernel) {
+    using Kernel = decltype(kernel);
+    T dots[4 * run];
+    for (Index c0 = 0; c0 < cols; c0 += run) {
+      const Index n = std::min(run, cols - c0);
+      for (Index i0 = 0; i0 < rows; i0 += 4) {
+        const Index count = std::min<Index>(4, rows - i0);
+        Kernel::dot_rows(count, a_rows + i0 * lda, lda, depth, b_columns + c0 * ldb, ldb, n, dots);
+        for (Index c = 0; c < n; ++c) {
+          T* o = out + (c0 + c) * ldo + i0;
+          for (Index i = 0; i < count; ++i) o[i] = accumulate ? o[i] + dots[c * 4 + i] : dots[c * 4 + i];
+        }
+      }
+    }
+  });
 }
 
 /// out = a·b, or out += a·b: the checks, then the operands as pointers (the one boundary every
@@ -134,7 +172,7 @@ void matmul_or_add(const Eigen::MatrixBase<DerivedA>& a, const Eigen::MatrixBase
   Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> a_storage, b_storage;
   const Operand<T> x = operand(a, a_storage), y = operand(b, b_storage);
   if (a.rows() * a.cols() * b.cols() < matmul_threshold || a.rows() <= skinny_rows)
-    product_small(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), accumulate);
+    product_small(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), accumulate, ws);
   else
     product_on_kernel(x, y, a.rows(), a.cols(), b.cols(), out.derived().data(), out.outerStride(), lower_only, accumulate, ws);
 }
@@ -209,7 +247,7 @@ void matmul_lower_into(const Eigen::MatrixBase<DerivedA>& a, const Eigen::Matrix
 /// out = aᵀ·a (a: K×N, out: N×N), exactly symmetric: the dispatched kernel computes only the
 /// micro-tiles that meet the lower triangle (28 of 44 at N = 128 with AVX-512's 32×12 float
 /// tiles; packing is unchanged, so a 2048×128 float Gram takes about 77 % of the full product's
-/// time) and the strict upper triangle is copied from it. Small products go to Eigen like
+/// time) and the strict upper triangle is copied from it. Small products are dot products like
 /// matmul_into's. `a` is read in place (a transposed operand too).
 template <typename Derived, typename DerivedOut>
 void gram_into(const Eigen::MatrixBase<Derived>& a, Eigen::MatrixBase<DerivedOut>& out, Workspace& ws = default_workspace()) {
@@ -226,7 +264,7 @@ void gram_into(const Eigen::MatrixBase<Derived>& a, Eigen::MatrixBase<DerivedOut
   const detail::Operand<T> y = detail::operand(a, storage);
   const detail::Operand<T> x{y.data, y.ld, !y.row_major};  // aᵀ: the same storage read in the other order
   if (n * n * a.rows() < matmul_threshold || n <= detail::skinny_rows)
-    detail::product_small(x, y, n, a.rows(), n, out.derived().data(), out.outerStride(), false);
+    detail::product_small(x, y, n, a.rows(), n, out.derived().data(), out.outerStride(), false, ws);
   else
     detail::product_on_kernel(x, y, n, a.rows(), n, out.derived().data(), out.outerStride(), true, false, ws);
   for (Index j = 1; j < n; ++j)
@@ -255,9 +293,9 @@ Eigen::Matrix<typename DerivedA::Scalar, Eigen::Dynamic, Eigen::Dynamic> matmul(
 /// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.
 #define BD_MATMUL_INSTANTIATIONS(prefix)                                                                                      \
   prefix void detail::product_small<float>(const detail::Operand<float>&, const detail::Operand<float>&, Index, Index, Index,   \
-                                           float*, Index, bool);                                                             \
+                                           float*, Index, bool, Workspace&);                                                 \
   prefix void detail::product_small<double>(const detail::Operand<double>&, const detail::Operand<double>&, Index, Index, Index, \
-                                            double*, Index, bool);                                                           \
+                                            double*, Index, bool, Workspace&);                                               \
   prefix void detail::product_on_kernel<float>(const detail::Operand<float>&, const detail::Operand<float>&, Index, Index, Index, \
                                                float*, Index, bool, bool, Workspace&);                                       \
   prefix void detail::product_on_kernel<double>(const detail::Operand<double>&, const detail::Operand<double>&, Index, Index,    \
