@@ -218,7 +218,6 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, FlashSc
   for (Index task = 0; chunks > 1 && task < tasks; ++task)
     prepare_rows(task, shared_positions + task * 3 * Bq, shared_queries + task * q_size);
   const Index units = tasks * chunks;
-  (void)units;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)
 #endif
