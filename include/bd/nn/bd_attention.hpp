@@ -60,6 +60,7 @@ public:
   /// Preparation's scratch memory is kept in `ws` for the next layer's (base/workspace.hpp).
   template <typename T>
   static BDAttention prepare(const MultiHeadAttention<T>& dense, const BDAttentionOptions& opts, Workspace& ws) {
+    refuse_qk_under_rope(dense.config(), opts);  // before the weights' copy in double, which a refusal would waste
     return prepare_from(dense.config(), dense.weights().template cast<double>(), opts, ws);
   }
 
@@ -160,6 +161,13 @@ public:
 private:
   static BDAttention prepare_from(const AttentionConfig& c, const AttentionWeights<double>& w,
                                   const BDAttentionOptions& opts, Workspace& ws);
+  /// BD on QK under RoPE is not exact: refused unless opts.force.
+  static void refuse_qk_under_rope(const AttentionConfig& c, const BDAttentionOptions& opts) {
+    if (has_qk(opts.mode) && c.rope_theta > 0 && !opts.force)
+      throw RefusedError(bd::detail::message(
+          "BD on QK is not exact under RoPE: rotary embeddings rotate q and k by position, and "
+          "Wq·R(n−m)·Wkᵀ is not B·R(n−m)·[I, C]; use mode vo (exact under RoPE), or force to accept the error"));
+  }
   friend class AttentionLayer<BDAttention<S>, A>;
 
   // The projection policy (attention_layer.hpp): the decomposed families through their basis and
@@ -278,10 +286,7 @@ private:
 template <typename S>
 BDAttention<S> BDAttention<S>::prepare_from(const AttentionConfig& c, const AttentionWeights<double>& w,
                                             const BDAttentionOptions& opts, Workspace& ws) {
-  if (has_qk(opts.mode) && c.rope_theta > 0 && !opts.force)
-    throw RefusedError(bd::detail::message(
-        "BD on QK is not exact under RoPE: rotary embeddings rotate q and k by position, and "
-        "Wq·R(n−m)·Wkᵀ is not B·R(n−m)·[I, C]; use mode vo (exact under RoPE), or force to accept the error"));
+  refuse_qk_under_rope(c, opts);
   const Windows windows = c.group() > 1 ? opts.windows : Windows::PerGroup;
   const CostComparison cost = attention_cost(AttentionShape::of(c, w), opts.mode, windows);
   std::vector<std::string> warnings;
