@@ -6,8 +6,8 @@
 // (K = X·Wᵀ) — each timed (median of 5 after 2 warm-ups) and the fastest kept; split-K
 // reductions held to fp32, as for the BD paths. cuBLAS's default choice (cublasGemmEx, what the
 // paper compared with) is reported beside it. BD paths: HopperBDProjection in each configuration
-// (cluster 1, 2, 4 × 3, 4 stages: us_bd_hopper_c<cluster>s<stages>) and as plan() chooses by
-// timing (us_bd_hopper, the figure the ratios use); CublasLtBDProjection (gathered). Every path is planned
+// (cluster 1, 2, 4 × 3, 4 stages × staged or direct stores: us_bd_hopper_c<cluster>s<stages>, a
+// trailing d for direct) and as plan() chooses by timing (us_bd_hopper, the figure the ratios use); CublasLtBDProjection (gathered). Every path is planned
 // and warmed before timing; then R = 7 rounds, each timing every path once in turn, each call
 // preceded by an L2 flush (a 2 × L2 memset) and bracketed by its own CUDA events; medians.
 // Counters: us_* (median µs per call), speedup (best dense / BD chosen by plan), vs_cublas_default,
@@ -231,7 +231,8 @@ void run(benchmark::State& state) {
     TunedDense<T> dense_dn(lt, workspace, false, L, error), dense_nd(lt, workspace, true, L, error);
     bd::cuda::CublasDense<T> dense_default(handle);
     bd::cuda::HopperBDProjection<T> hopper;
-    const bd::cuda::HopperConfig configs[] = {{1, 3}, {2, 3}, {4, 3}, {1, 4}, {2, 4}, {4, 4}};
+    const bd::cuda::HopperConfig configs[] = {{1, 3, 1}, {2, 3, 1}, {4, 3, 1}, {1, 4, 1}, {2, 4, 1}, {4, 4, 1},
+                                              {1, 3, 2}, {2, 3, 2}, {4, 3, 2}, {1, 4, 2}, {2, 4, 2}, {4, 4, 2}};
     std::vector<std::unique_ptr<bd::cuda::HopperBDProjection<T>>> fixed;
     bd::cuda::CublasLtBDProjection<T> bd_lt(lt, workspace, kWorkspaceBytes);
     const bd::cuda::ProjectionArguments<T> args{x, c, k, L, kD, kDh, kHeads, kOffset};
@@ -257,7 +258,9 @@ void run(benchmark::State& state) {
         {"bd_hopper", [&] { return hopper.run(args, stream); }, {}},
         {"bd_cublaslt", [&] { return bd_lt.run(ref_args, stream); }, {}},
     };
-    static const char* names[] = {"bd_hopper_c1s3", "bd_hopper_c2s3", "bd_hopper_c4s3", "bd_hopper_c1s4", "bd_hopper_c2s4", "bd_hopper_c4s4"};
+    static const char* names[] = {"bd_hopper_c1s3",  "bd_hopper_c2s3",  "bd_hopper_c4s3",  "bd_hopper_c1s4",
+                                  "bd_hopper_c2s4",  "bd_hopper_c4s4",  "bd_hopper_c1s3d", "bd_hopper_c2s3d",
+                                  "bd_hopper_c4s3d", "bd_hopper_c1s4d", "bd_hopper_c2s4d", "bd_hopper_c4s4d"};
     for (std::size_t i = 0; i < fixed.size(); ++i)
       paths.push_back({names[i], [&, i] { return fixed[i]->run(args, stream); }, {}});
     for (Path& path : paths)  // warm-up

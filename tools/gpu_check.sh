@@ -56,25 +56,25 @@ fi
 tests=$BUILD/tests/bd_cuda_tests
 bench=$BUILD/bench/bd_cuda_bench
 
-step cuda_tests 150 "$tests"
+step cuda_tests 240 "$tests"
 step host_tests 60 "$BUILD/tests/bd_cuda_host_tests"
 
 # The sweep, with the SM clock sampled beside it.
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu --format=csv -lms 250 \
   >"$OUT/clocks.csv" 2>&1 &
 sampler=$!
-step bench_best 200 "$bench" --benchmark_filter='cuda_kproj_best' --benchmark_out="$OUT/cuda_kproj_best.json" \
-  --benchmark_out_format=json
-# A second whole run (BENCH_TWICE=1): how far the figures move between runs on this card.
-[[ -n "${BENCH_TWICE:-}" ]] && step bench_best_2 200 "$bench" --benchmark_filter='cuda_kproj_best' \
-  --benchmark_out="$OUT/cuda_kproj_best_2.json" --benchmark_out_format=json
+# BENCH_RUNS whole runs (default 1): how far the figures move between runs on this card.
+for ((run = 1; run <= ${BENCH_RUNS:-1}; ++run)); do
+  step "bench_best_$run" 200 "$bench" --benchmark_filter='cuda_kproj_best' --benchmark_out="$LOGS/cuda_kproj_best_$run.json" \
+    --benchmark_out_format=json
+done
 kill "$sampler" 2>/dev/null
 
 # Nsight Compute on one round of the L = 16384 half comparison: the plan's choice and every fixed
-# configuration (plan() launches 6 × 7 times and the warm-up 7 before that round), for where the
-# time goes (tensor pipe, L2, the consumers' stall reasons). NCU=1 asks for it.
+# configuration (plan() launches its 6 candidates 7 times each and the warm-up 13 before that
+# round), for where the time goes (tensor pipe, L2, the consumers' stall reasons). NCU=1 asks for it.
 if [[ -n "${NCU:-}" ]] && command -v ncu >/dev/null; then
-  step ncu 120 ncu --clock-control none --kernel-name regex:bd_projection_sm90 --launch-skip 49 --launch-count 7 \
+  step ncu 120 ncu --clock-control none --kernel-name regex:bd_projection_sm90 --launch-skip 55 --launch-count 13 \
     --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
     "$bench" --benchmark_filter='cuda_kproj_best/half/16384'
 fi

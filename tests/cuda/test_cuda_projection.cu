@@ -202,15 +202,21 @@ void hopper_suite(cudaStream_t stream, bool sanitizer) {
     std::printf("HopperBDProjection not tested here: %s\n", here.message().c_str());
     return;
   }
-  // Every cluster size and stage count; under a sanitizer (slow) three configurations that still
-  // cover each.
-  std::vector<bd::cuda::HopperConfig> configs = {{1, 3}, {2, 4}, {4, 3}};
-  if (!sanitizer) configs = {{1, 3}, {2, 3}, {4, 3}, {1, 4}, {2, 4}, {4, 4}};
+  // Every cluster size, stage count and store; under a sanitizer (slow) four configurations that
+  // still cover each.
+  constexpr int staged = int(bd::cuda::hopper::Store::staged), direct = int(bd::cuda::hopper::Store::direct);
+  std::vector<bd::cuda::HopperConfig> configs = {{1, 3, staged}, {2, 4, staged}, {4, 3, direct}, {1, 4, direct}};
+  if (!sanitizer)
+    for (int store : {staged, direct})
+      for (int stages : {3, 4})
+        for (int cluster : {1, 2, 4}) configs.push_back({cluster, stages, store});
+  if (!sanitizer) configs.erase(configs.begin(), configs.begin() + 4);
   for (const bd::cuda::HopperConfig& config : configs) {
       const int cluster = config.cluster, stages = config.stages;
       HopperPlanned<T> h{impl, config};
-      const std::string name = "hopper (cluster " + std::to_string(cluster) + ", " + std::to_string(stages) + " stages)";
-      const unsigned seed = unsigned(10 * stages + cluster);
+      const std::string name = "hopper (cluster " + std::to_string(cluster) + ", " + std::to_string(stages) + " stages, " +
+                               (config.store == direct ? "direct" : "staged") + " stores)";
+      const unsigned seed = unsigned(10 * stages + cluster + 100 * config.store);
       for (int o = 0; o <= 384; o += 64) check<T>(name.c_str(), h, stream, 257, 512, 128, 3, o, seed + unsigned(o), Rounding::once);
       for (int o : {0, 128, 256}) check<T>(name.c_str(), h, stream, 130, 320, 64, 5, o, seed + 100 + unsigned(o), Rounding::once);
       for (int o : {0, 64, 128}) check<T>(name.c_str(), h, stream, 129, 384, 256, 2, o, seed + 200 + unsigned(o), Rounding::once);
@@ -219,7 +225,7 @@ void hopper_suite(cudaStream_t stream, bool sanitizer) {
       // 130 row tiles × 2 column tiles: every CTA takes two or more tiles in turn.
       if (!sanitizer && cluster != 2) check<T>(name.c_str(), h, stream, 16384 + 130, 256, 128, 4, 128, seed + 302, Rounding::once);
     }
-  HopperPlanned<T> timed{impl, {}};
+  HopperPlanned<T> timed{impl, {0, 0, 0}};  // both stores among the candidates
   check<T>("hopper (configuration chosen by timing)", timed, stream, 1000, 512, 128, 8, 384, 400, Rounding::once);
   std::printf("HopperBDProjection (%s): %s\n", bd::cuda::DataType<T>::name, impl.plan_summary().c_str());
 
@@ -237,7 +243,7 @@ void hopper_suite(cudaStream_t stream, bool sanitizer) {
   for (auto& v : hc) v = from_float<T>(normal(rng) * 0.05f);
   cudaMemcpy(coeff.p, hc.data(), hc.size() * sizeof(T), cudaMemcpyHostToDevice);
   bd::cuda::ProjectionArguments<T> a{x1.p, coeff.p, out1.p, L, d, dh, n, 256};
-  bd::cuda::Status s = impl.plan(a, {1, 3});
+  bd::cuda::Status s = impl.plan(a, {1, 3, staged});
   bd::cuda::ProjectionArguments<T> b = a;
   b.x = x2.p, b.out = out2.p;
   if (s) s = impl.run(b, stream);  // first the other buffers …
@@ -248,7 +254,7 @@ void hopper_suite(cudaStream_t stream, bool sanitizer) {
   Device<T> out3(std::size_t(L) * N);
   bd::cuda::ProjectionArguments<T> c = b;
   c.out = out3.p;
-  s = other.plan(c, {2, 4});
+  s = other.plan(c, {2, 4, direct});  // the other store: the same bits
   if (s) s = other.run(c, stream);
   if (s) s = bd::cuda::check(cudaStreamSynchronize(stream), "sync");
   std::vector<T> r2(std::size_t(L) * N), r3(r2.size());
@@ -256,7 +262,7 @@ void hopper_suite(cudaStream_t stream, bool sanitizer) {
   cudaMemcpy(r3.data(), out3.p, r3.size() * sizeof(T), cudaMemcpyDeviceToHost);
   std::size_t differ = 0;
   for (std::size_t i = 0; i < r2.size(); ++i) differ += reinterpret_cast<const std::uint16_t&>(r2[i]) != reinterpret_cast<const std::uint16_t&>(r3[i]);
-  expect(s.ok() && differ == 0, "hopper: K' from new buffers after plan() equals a fresh plan's, bit for bit (" +
+  expect(s.ok() && differ == 0, "hopper: K' from new buffers after plan() equals a fresh plan's with direct stores, bit for bit (" +
                                     std::to_string(differ) + " differ) " + s.message());
   bd::cuda::ProjectionArguments<T> wrong = a;
   wrong.coeff = x2.p;  // a valid buffer of C's size, apart from the others: only "not plan()'s" is wrong
@@ -270,6 +276,8 @@ void hopper_suite(cudaStream_t stream, bool sanitizer) {
   wrong.window_offset = 200;
   s = impl.plan(wrong);
   expect(!s.ok() && s.message().find("multiples of 64") != std::string::npos, "hopper: a window off the 64 grid refused: " + s.message());
+  s = impl.plan(a, {1, 3, 3});
+  expect(!s.ok() && s.message().find("store = 3") != std::string::npos, "hopper: an unknown store refused: " + s.message());
 }
 
 __global__ void nothing() {}

@@ -12,7 +12,8 @@
 //     into its fp32 accumulators (the same values for every head of the tile); the remaining
 //     stages run wgmma.m64n256k16 over the rest
 //     channels only. K' is rounded once, written into swizzled shared memory and stored by TMA,
-//     and that store drains while the consumer starts the next tile.
+//     and that store drains while the consumer starts the next tile — or (Store::direct) stored
+//     from registers, 8 bytes per lane after one shuffle, with no staging and no wait.
 //   - with a cluster of 2 or 4 (vertically adjacent tiles of one column block), each CTA loads
 //     1/cluster of the Cᵀ tile and multicasts it to all: L2 → SM traffic for C drops to 1/cluster.
 // Stages (3 or 4) trades prefetch depth against output staging (hopper_layout.cuh, shared_bytes).
@@ -146,6 +147,10 @@ __device__ inline std::uint32_t pack_rounded(float lo, float hi) {
     return *reinterpret_cast<const std::uint32_t*>(&v);
   }
 }
+/// Stores two packed pairs (4 values, 8 bytes) to global memory.
+__device__ inline void store_pairs(void* to, std::uint32_t first, std::uint32_t second) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(to), "r"(first), "r"(second) : "memory");
+}
 template <typename T>
 __device__ inline float2 unpack(std::uint32_t bits) {
   if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&bits));
@@ -156,19 +161,20 @@ __device__ inline float2 unpack(std::uint32_t bits) {
 
 /// The kernel. x_map: X (L × d) in boxes of 64 × kBlockM; c_map: Cᵀ (N × (d − d_h)) in boxes of
 /// 64 × kBlockN / cluster; out_map: K' (L × N) in boxes of 64 × 64; all with the 128-byte swizzle.
-/// Launched with kThreads threads, shared_bytes(Stages) of dynamic shared memory, a grid of whole
-/// clusters of p.cluster CTAs (cluster dimension p.cluster × 1 × 1), HeadDim = p.head_dim.
-template <typename T, int HeadDim, int Stages>
+/// `out` is K' itself (row-major, N columns), which Store::direct writes without the map.
+/// Launched with kThreads threads, shared_bytes(Stages, Out) of dynamic shared memory, a grid of
+/// whole clusters of p.cluster CTAs (cluster dimension p.cluster × 1 × 1), HeadDim = p.head_dim.
+template <typename T, int HeadDim, int Stages, Store Out>
 __global__ void __launch_bounds__(kThreads, 1)
     bd_projection_sm90(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap c_map,
-                       const __grid_constant__ CUtensorMap out_map, Problem p) {
+                       const __grid_constant__ CUtensorMap out_map, T* out, Problem p) {
 #if BD_HOPPER_DEVICE_CODE
   static_assert(HeadDim % kBlockK == 0 && kBlockN % HeadDim == 0, "a tile holds whole heads of whole 64-column blocks");
   extern __shared__ __align__(1024) unsigned char shared_raw[];
   unsigned char* smem = shared_raw + (kSwizzleAtom - shared_address(shared_raw) % kSwizzleAtom) % kSwizzleAtom;
   unsigned char* ring = smem;
   unsigned char* epilogue = smem + Stages * kStageBytes;
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(epilogue + epilogue_bytes(Stages));
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(epilogue + epilogue_bytes(Stages, Out));
   std::uint64_t* empty = full + Stages;
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads, thread = threadIdx.x % kWarpgroupThreads;
@@ -285,38 +291,61 @@ __global__ void __launch_bounds__(kThreads, 1)
       pin(acc);
       if (previous >= 0) release(previous);
 
-      // The epilogue: round once, stage through swizzled shared memory, one TMA store per 64-column
-      // slab, kSlots slabs per round. A round's slots must have been read by the stores of the
-      // round (or tile) before.
+      if constexpr (Out == Store::direct) {
+        // The epilogue from registers: round once, trade one pair with the quad's neighbour, store
+        // 8 bytes (hopper_layout.cuh, direct_col). Every lane shuffles; only the store is predicated.
+        const bool odd = direct_kept_parity(lane) == 1;
+        const int row = tile.m_block * kBlockM + consumer * kWgmmaM;
+        const int col = tile.n_block * kBlockN;
 #pragma unroll
-      for (int round = 0; round < kRounds; ++round) {
-        if (thread == 0) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
-        named_sync(1 + consumer, kWarpgroupThreads);
+        for (int b = 0; b < kDirectBlocks; ++b)
 #pragma unroll
-        for (int i = 0; i < kAccumulators; i += 2)
-          if (slab_of_register(i) / kSlots == round)
-            *reinterpret_cast<std::uint32_t*>(epilogue + epilogue_pair_offset(consumer, warp, lane, i, kSlots)) =
-                pack_rounded<T>(acc[i], acc[i + 1]);
-        ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // the copy engine reads what these stores wrote
-        named_sync(1 + consumer, kWarpgroupThreads);
-        if (thread == 0) {
-#pragma unroll
-          for (int slab = round * kSlots; slab < (round + 1) * kSlots; ++slab) {
-            const Coords at = store_coords(tile, consumer, slab);
-            const std::int32_t out_at[2] = {at.col, at.row};
-            ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, &out_map, out_at,
-                                              epilogue + slot_offset(consumer, slab, kSlots));
+          for (int h = 0; h < 2; ++h) {
+            const std::uint32_t even_pair = pack_rounded<T>(acc[direct_register(b, h, 0)], acc[direct_register(b, h, 0) + 1]);
+            const std::uint32_t odd_pair = pack_rounded<T>(acc[direct_register(b, h, 1)], acc[direct_register(b, h, 1) + 1]);
+            const std::uint32_t kept = odd ? odd_pair : even_pair;
+            const std::uint32_t got = __shfl_xor_sync(0xFFFFFFFFu, odd ? even_pair : odd_pair, 1);
+            const int r = row + accumulator_row(warp, lane, 2 * h);
+            if (r < p.rows && col + 16 * b < p.out_cols) {
+              T* to = out + (long long)r * p.out_cols + col + direct_col(lane, b);
+              if (direct_kept_first(lane)) store_pairs(to, kept, got);
+              else store_pairs(to, got, kept);
+            }
           }
-          ::cuda::ptx::cp_async_bulk_commit_group();
+      } else {
+        // The epilogue: round once, stage through swizzled shared memory, one TMA store per 64-column
+        // slab, kSlots slabs per round. A round's slots must have been read by the stores of the
+        // round (or tile) before.
+#pragma unroll
+        for (int round = 0; round < kRounds; ++round) {
+          if (thread == 0) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>{});
+          named_sync(1 + consumer, kWarpgroupThreads);
+#pragma unroll
+          for (int i = 0; i < kAccumulators; i += 2)
+            if (slab_of_register(i) / kSlots == round)
+              *reinterpret_cast<std::uint32_t*>(epilogue + epilogue_pair_offset(consumer, warp, lane, i, kSlots)) =
+                  pack_rounded<T>(acc[i], acc[i + 1]);
+          ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // the copy engine reads what these stores wrote
+          named_sync(1 + consumer, kWarpgroupThreads);
+          if (thread == 0) {
+#pragma unroll
+            for (int slab = round * kSlots; slab < (round + 1) * kSlots; ++slab) {
+              const Coords at = store_coords(tile, consumer, slab);
+              const std::int32_t out_at[2] = {at.col, at.row};
+              ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, &out_map, out_at,
+                                                epilogue + slot_offset(consumer, slab, kSlots));
+            }
+            ::cuda::ptx::cp_async_bulk_commit_group();
+          }
         }
       }
     }
-    if (thread == 0) ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
+    if (Out == Store::staged && thread == 0) ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
   }
   // No CTA leaves while its peer may still arrive on its barriers.
   if (cluster > 1) cluster_sync();
 #else
-  (void)x_map, (void)c_map, (void)out_map, (void)p;
+  (void)x_map, (void)c_map, (void)out_map, (void)out, (void)p;
   __trap();  // built without sm_90a code: the host side never launches this (see hopper_available)
 #endif
 }

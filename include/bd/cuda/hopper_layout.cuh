@@ -50,16 +50,26 @@ constexpr int kMaxStages = 4;
 static_assert(kStageBytes % kSwizzleAtom == 0 && kAStageBytes % kSwizzleAtom == 0 && kSlabBytes % kSwizzleAtom == 0,
               "every TMA box and wgmma operand starts on a swizzle atom");
 
-/// Two shapes of the CTA's shared memory, both within an sm_90 SM's 227 KiB: 3 stages of the ring
-/// and room to stage all 4 output slabs of each consumer (one round of TMA stores per tile), or 4
-/// stages — a deeper prefetch, for when loads are slow to arrive — and room for 2 slabs (two
-/// rounds, the second waiting until the first round's stores have read their slabs).
+/// How a tile's outputs leave the SM. Staged: rounded into swizzled shared memory and written by
+/// TMA stores (a round of stores must have read its slots before the next round overwrites
+/// them: the consumers wait for it). Direct: each thread stores its rounded outputs from registers
+/// (8 bytes per lane after one shuffle, so a warp's store covers whole 32-byte sectors), with no
+/// shared memory and no wait — the stores drain while the next tile's MMA runs.
+enum class Store : int { staged = 1, direct = 2 };
+
+/// Two shapes of the CTA's shared memory for staged stores, both within an sm_90 SM's 227 KiB:
+/// 3 stages of the ring and room to stage all 4 output slabs of each consumer (one round of TMA
+/// stores per tile), or 4 stages — a deeper prefetch, for when loads are slow to arrive — and
+/// room for 2 slabs (two rounds, the second waiting until the first round's stores have read
+/// their slabs). Direct stores stage nothing.
 BD_HOPPER_HD constexpr int epilogue_slots(int stages) { return stages == 3 ? kSlabs : kSlabs / 2; }
-BD_HOPPER_HD constexpr int epilogue_bytes(int stages) { return kConsumers * epilogue_slots(stages) * kSlabBytes; }
+BD_HOPPER_HD constexpr int epilogue_bytes(int stages, Store store = Store::staged) {
+  return store == Store::direct ? 0 : kConsumers * epilogue_slots(stages) * kSlabBytes;
+}
 /// Dynamic shared memory a CTA asks for: the ring, the output staging, the full[] and empty[]
 /// mbarriers, and up to a swizzle atom lost to aligning the start (the runtime promises 16 bytes).
-BD_HOPPER_HD constexpr int shared_bytes(int stages) {
-  return stages * kStageBytes + epilogue_bytes(stages) + 2 * stages * 8 + kSwizzleAtom;
+BD_HOPPER_HD constexpr int shared_bytes(int stages, Store store = Store::staged) {
+  return stages * kStageBytes + epilogue_bytes(stages, store) + 2 * stages * 8 + kSwizzleAtom;
 }
 static_assert(shared_bytes(3) <= 227 * 1024 && shared_bytes(4) <= 227 * 1024, "the CTA's shared memory must fit an sm_90 SM");
 static_assert(kSlabs % epilogue_slots(3) == 0 && kSlabs % epilogue_slots(4) == 0, "whole rounds of stores");
@@ -205,6 +215,22 @@ BD_HOPPER_HD constexpr std::uint32_t epilogue_pair_offset(int consumer, int warp
   return slot_offset(consumer, slab_of(accumulator_col(lane, i)), slots) +
          swizzled_element(accumulator_row(warp, lane, i), accumulator_col(lane, i) % kSlabCols);
 }
+/// Direct stores. A thread's registers come in blocks of 8: block b holds the fragment's 8-column
+/// chunks 2b and 2b + 1, each as a pair (two adjacent columns) in row half h (rows r and r + 8).
+/// Lanes 2q and 2q + 1 of a quad trade one pair per (b, h) by a shuffle: the even lane then holds
+/// columns 8·(2b) + 4q' … + 3 of chunk 2b (q' = lane mod 4 / 2), the odd lane the same columns of
+/// chunk 2b + 1 — so the four lanes of a row cover chunks 2b and 2b + 1 whole, 32 contiguous bytes,
+/// one sector, and the warp's 8-byte stores write 8 full sectors. Register of the pair of chunk
+/// 2b + parity in row half h:
+BD_HOPPER_HD constexpr int direct_register(int block, int half, int parity) { return 4 * (2 * block + parity) + 2 * half; }
+constexpr int kDirectBlocks = kAccumulators / 8;  // 16 blocks of 16 columns
+/// A lane keeps the pair of its own parity's chunk and sends the other one to lane ^ 1.
+BD_HOPPER_HD constexpr int direct_kept_parity(int lane) { return lane & 1; }
+/// The received pair goes after the kept one on an even lane (it holds the next two columns), before it on an odd lane.
+BD_HOPPER_HD constexpr bool direct_kept_first(int lane) { return (lane & 1) == 0; }
+/// Tile column (within the consumer's 256) of the first of the 4 values lane `lane` stores for block b.
+BD_HOPPER_HD constexpr int direct_col(int lane, int block) { return 8 * (2 * block + (lane & 1)) + 2 * ((lane % 4) & ~1); }
+
 /// Global coordinates {column, row} of slab `slab` of consumer `consumer` in tile t.
 struct Coords {
   int col, row;

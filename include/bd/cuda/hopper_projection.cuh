@@ -32,11 +32,15 @@
 namespace bd::cuda {
 
 /// A launch configuration of the Hopper kernel: CTAs per cluster (1, 2 or 4: the Cᵀ tile
-/// multicast to all) and stages of the load ring (3, or 4 with the output staged in two rounds).
-/// 0 in either field: plan() chooses it by timing.
+/// multicast to all), stages of the load ring (3, or 4 with the output staged in two rounds) and
+/// how outputs are stored (1: staged in shared memory for TMA stores, 2: direct from registers;
+/// hopper::Store). 0 in any field: plan() chooses it by timing. Direct stores are emulated and
+/// tested on the host but not yet run on a GPU, so the default asks for staged ones; {0, 0, 0}
+/// times both.
 struct HopperConfig {
   int cluster = 0;
   int stages = 0;
+  int store = int(hopper::Store::staged);
 };
 
 template <typename T>
@@ -110,6 +114,9 @@ public:
                              ", expected 0 (choose by timing), 1, 2 or 4");
     if (config.stages != 0 && config.stages != 3 && config.stages != 4)
       return Status::failure("HopperBDProjection: stages = " + detail::describe(config.stages) + ", expected 0 (choose by timing), 3 or 4");
+    if (config.store != 0 && config.store != int(hopper::Store::staged) && config.store != int(hopper::Store::direct))
+      return Status::failure("HopperBDProjection: store = " + detail::describe(config.store) +
+                             ", expected 0 (choose by timing), 1 (staged, TMA stores) or 2 (direct from registers)");
     shape_ = a;
     const int N = a.heads * a.head_dim, K = a.input_dim - a.head_dim;
     void* buffer = nullptr;
@@ -122,18 +129,21 @@ public:
     if (!(s = bd::cuda::check(cudaGetLastError(), "HopperBDProjection: launching the transpose of C"))) return s;
     if (!(s = bd::cuda::check(cudaStreamSynchronize(stream), "HopperBDProjection: transposing C"))) return s;
     std::vector<HopperConfig> candidates;
-    for (int stages : {3, 4})
-      for (int cluster : {1, 2, 4})
-        if ((config.stages == 0 || config.stages == stages) && (config.cluster == 0 || config.cluster == cluster))
-          candidates.push_back({cluster, stages});
+    for (int store : {1, 2})
+      for (int stages : {3, 4})
+        for (int cluster : {1, 2, 4})
+          if ((config.stages == 0 || config.stages == stages) && (config.cluster == 0 || config.cluster == cluster) &&
+              (config.store == 0 || config.store == store))
+            candidates.push_back({cluster, stages, store});
     for (const HopperConfig& c : candidates) {
-      if (!(s = configure_kernel(c.stages))) return s;
+      if (!(s = configure_kernel(c))) return s;
       if (!(s = encode_coefficients(c.cluster, maps_[map_index(c.cluster)]))) return s;
     }
     config_ = candidates.front();
     planned_ = true;
     const auto describe = [](const HopperConfig& c) {
-      return "cluster " + detail::describe(c.cluster) + ", " + detail::describe(c.stages) + " stages";
+      return "cluster " + detail::describe(c.cluster) + ", " + detail::describe(c.stages) + " stages, " +
+             (c.store == int(hopper::Store::direct) ? "direct stores" : "staged stores");
     };
     if (a.rows == 0 || candidates.size() == 1) {
       summary_ = describe(config_) + " (as asked)";
@@ -195,7 +205,7 @@ public:
     cudaLaunchConfig_t launch{};
     cudaLaunchAttribute attribute[1];
     launch.blockDim = dim3(hopper::kThreads);
-    launch.dynamicSmemBytes = hopper::shared_bytes(config_.stages);
+    launch.dynamicSmemBytes = hopper::shared_bytes(config_.stages, store_of(config_));
     launch.stream = stream;
     launch.gridDim = dim3(unsigned(grid(config_)));
     if (config_.cluster > 1) {
@@ -204,12 +214,12 @@ public:
       launch.attrs = attribute;
       launch.numAttrs = 1;
     }
-    const cudaError_t e = cudaLaunchKernelEx(&launch, kernel(config_.stages), maps.x, maps.c, maps.out, p);
+    const cudaError_t e = cudaLaunchKernelEx(&launch, kernel(config_), maps.x, maps.c, maps.out, a.out, p);
     if (e != cudaSuccess) (void)cudaGetLastError();
     return bd::cuda::check(e, "HopperBDProjection: launching bd_projection_sm90");
   }
 
-  /// The configuration plan() chose (or was given), and how; {0, 0} before plan().
+  /// The configuration plan() chose (or was given), and how; {0, 0, 0} before plan().
   HopperConfig config() const { return planned_ ? config_ : HopperConfig{}; }
   const std::string& plan_summary() const { return summary_; }
   const DeviceInfo& device() const { return device_; }
@@ -223,32 +233,37 @@ private:
     const T* x_for = nullptr;  ///< the X and K' that x and out were encoded for
     const T* out_for = nullptr;
   };
-  using Kernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, hopper::Problem);
+  using Kernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, T*, hopper::Problem);
 
   static hopper::Problem problem(const Arguments& a, int cluster) {
     return {a.rows, a.input_dim, a.head_dim, a.heads * a.head_dim, a.window_offset, cluster};
   }
 
-  template <int Stages>
+  template <int Stages, hopper::Store Out>
   Kernel kernel_for() const {
     switch (shape_.head_dim) {
-      case 64: return &hopper::bd_projection_sm90<T, 64, Stages>;
-      case 128: return &hopper::bd_projection_sm90<T, 128, Stages>;
-      default: return &hopper::bd_projection_sm90<T, 256, Stages>;
+      case 64: return &hopper::bd_projection_sm90<T, 64, Stages, Out>;
+      case 128: return &hopper::bd_projection_sm90<T, 128, Stages, Out>;
+      default: return &hopper::bd_projection_sm90<T, 256, Stages, Out>;
     }
   }
-  Kernel kernel(int stages) const { return stages == 3 ? kernel_for<3>() : kernel_for<4>(); }
+  static hopper::Store store_of(const HopperConfig& c) { return hopper::Store(c.store); }
+  Kernel kernel(const HopperConfig& c) const {
+    if (store_of(c) == hopper::Store::direct)
+      return c.stages == 3 ? kernel_for<3, hopper::Store::direct>() : kernel_for<4, hopper::Store::direct>();
+    return c.stages == 3 ? kernel_for<3, hopper::Store::staged>() : kernel_for<4, hopper::Store::staged>();
+  }
 
-  Status configure_kernel(int stages) const {
-    return bd::cuda::check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel(stages)),
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, hopper::shared_bytes(stages)),
+  Status configure_kernel(const HopperConfig& c) const {
+    return bd::cuda::check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel(c)), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                hopper::shared_bytes(c.stages, store_of(c))),
                            "HopperBDProjection: cudaFuncSetAttribute (dynamic shared memory)");
   }
 
   /// The persistent grid: a CTA per multiprocessor, in whole clusters (as many clusters as fit at
   /// once, asked of the occupancy calculator once per configuration), never more than the work.
   long long grid(const HopperConfig& c) const {
-    int& clusters = max_clusters_[map_index(c.cluster)][c.stages - 3];
+    int& clusters = max_clusters_[map_index(c.cluster)][c.stages - 3][c.store - 1];
     if (clusters == 0) {
       clusters = sms_ / c.cluster;
       if (c.cluster > 1) {
@@ -259,10 +274,10 @@ private:
         launch.attrs = attribute;
         launch.numAttrs = 1;
         launch.blockDim = dim3(hopper::kThreads);
-        launch.dynamicSmemBytes = hopper::shared_bytes(c.stages);
+        launch.dynamicSmemBytes = hopper::shared_bytes(c.stages, store_of(c));
         launch.gridDim = dim3(unsigned(clusters * c.cluster));
         int fit = 0;
-        if (cudaOccupancyMaxActiveClusters(&fit, kernel(c.stages), &launch) == cudaSuccess && fit > 0) clusters = std::min(clusters, fit);
+        if (cudaOccupancyMaxActiveClusters(&fit, kernel(c), &launch) == cudaSuccess && fit > 0) clusters = std::min(clusters, fit);
         (void)cudaGetLastError();
       }
     }
@@ -309,9 +324,9 @@ private:
   std::unique_ptr<T, Free> coeff_t_;
   Arguments shape_{};
   bool planned_ = false;
-  HopperConfig config_{1, 3};
+  HopperConfig config_{1, 3, 1};
   mutable Maps maps_[3];                ///< per cluster size 1, 2, 4; X and K' re-encoded when run() is given others
-  mutable int max_clusters_[3][2] = {};  ///< per cluster size and stage count, 0 until asked
+  mutable int max_clusters_[3][2][2] = {};  ///< per cluster size, stage count and store, 0 until asked
   std::string summary_ = "not planned";
 };
 
