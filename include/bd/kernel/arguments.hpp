@@ -24,13 +24,14 @@ using bd::Index;
 /// blocks of whole micro-tiles, so no block ends in a mostly empty tile), kc of the K dimension
 /// per pass (K is split into equal passes of at most kc; a B micro-panel kc × NR stays in L1
 /// while the A block streams from L2), nc output columns per task (rounded up to NR).
-/// kc = 384 keeps BD's key projection (depth d − d_h = 384 at DeepSeek's shape) in one pass, so
-/// each output tile is written once. Chosen on a 2-core Zen 4 EPYC with both the AVX2 and the
-/// AVX-512 kernels (bench/bench_kproj.cpp): 256 cost 3–10 % at L = 256…1024, and mc 96…192,
+/// kc = 0 (the default) takes the depth the kernel and this CPU's L1 allow (depth_block in
+/// loop.hpp): 384 to 512. The pass count does not change a result (a pass stores its
+/// accumulators and the next loads them, exactly), only the time. mc and nc: chosen on a 2-core
+/// Zen 4 EPYC with both the AVX2 and the AVX-512 kernels (bench/bench_kproj.cpp): mc 96…192,
 /// nc 768 against 384 or 1536 differed by less than the run-to-run noise.
 struct Blocking {
   Index mc = 144;
-  Index kc = 384;
+  Index kc = 0;
   Index nc = 768;
 };
 

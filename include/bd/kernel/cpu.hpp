@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <unistd.h>  // sysconf
+
 #include "bd/base/error.hpp"
 #include "bd/base/names.hpp"
 
@@ -70,6 +72,20 @@ inline bool cpu_has(Isa isa) {
 #else
   return isa == Isa::Portable;
 #endif
+}
+
+/// The L1 data cache of the core the program runs on, in bytes (the GEMM's depth blocking,
+/// loop.hpp): glibc's sysconf where it knows it, else 32 KiB (every AVX2 and AVX-512 CPU has at
+/// least that). Read once.
+inline long l1d_bytes() {
+  static const long bytes = [] {
+    long b = 0;
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+    return b >= 16 * 1024 && b <= 4 * 1024 * 1024 ? b : 32 * 1024L;
+  }();
+  return bytes;
 }
 
 /// The widest instruction set this CPU runs.
