@@ -170,6 +170,37 @@ TEST_CASE("gemm kernel: one thread and two threads agree bit for bit", BD_KERNEL
   });
 }
 
+TEST_CASE("gemm kernel: the depth per pass changes the time, not a bit of the result", BD_KERNEL_TEST_TAG) {
+  bd_test::for_each_isa([&] {
+    // Depth 512: one pass of 512 on a large L1 (the default, depth_block), two of 256 or eight of
+    // 64 when asked: a pass stores its accumulators and the next loads them, so every output is
+    // summed in the same order.
+    const std::vector<Index> chan = channels_of(0, 512);
+    const Mat<float> X = bd_test::gaussian(37, 512, 61).cast<float>();
+    const Mat<float> B = bd_test::gaussian(512, 29, 62).cast<float>();
+    std::vector<Mat<float>> outs;
+    for (Index kc : {Index(0), Index(384), Index(64)}) {
+      Mat<float> out(37, 29);
+      bd::kernel::GemmArguments<float, float> a;
+      a.rows = 37, a.x = X.data(), a.ldx = 37, a.b = B.data(), a.ldb = 512;
+      a.out = out.data(), a.ldo = 37;
+      a.segments.push_back({chan.data(), 512, 0, 29});
+      bd::kernel::gemm(a, Blocking{144, kc, 768});
+      outs.push_back(out);
+    }
+    CHECK(outs[0] == outs[1]);
+    CHECK(outs[0] == outs[2]);
+    CHECK((outs[0] - X * B).cwiseAbs().maxCoeff() <= bound<float>(512) * 10);
+  });
+  // The chosen depth keeps BD's key projection (384) in one pass and stays within 512.
+  bd_test::for_each_isa([&] {
+    for (Index kc : {bd::kernel::default_depth<float>(), bd::kernel::default_depth<double>()}) {
+      CHECK(kc >= 384);
+      CHECK(kc <= 512);
+    }
+  });
+}
+
 TEST_CASE("gemm kernel: a few rows (decoding) stream B unpacked with the same results", BD_KERNEL_TEST_TAG) {
   bd_test::for_each_isa([&] {
     // L ≤ skinny_rows takes the dot-product path, L = skinny_rows + 1 the packed one: both must

@@ -33,6 +33,13 @@ void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int
 }
 }  // namespace detail
 
+/// The depth per pass that Blocking{}'s kc = 0 takes on active_isa()'s kernel for T (384…512,
+/// from this CPU's L1: detail::depth_block).
+template <typename T>
+Index default_depth() {
+  return on_active_kernel<T>([](auto k) { return detail::depth_block<decltype(k), T>(); });
+}
+
 /// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours
 /// OMP_NUM_THREADS; 1 inside a parallel region) with the kernels of active_isa(). Preconditions (checked where cheap; ShapeError): pointers and leading dimensions cover every
 /// index the segments, channel and column lists name. Results are bit-identical for any number
