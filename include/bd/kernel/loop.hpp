@@ -168,8 +168,8 @@ struct PackingSpace : ScratchBuffer<T> {};
 /// left to the A micro-panel's lines streaming through and the output tile; at least 384 (BD's
 /// key projection at DeepSeek's shape, d − d_h = 384, in one pass; 256 measured 3–10 % slower on
 /// Zen 4 with either kernel) and at most 512. Measured on a 2-core Zen 5 (48 KiB L1, 2026-11-28):
-/// a 1024 × 512 × 16384 product in one pass of 512 instead of two of 256 ran 2 % faster on the
-/// AVX2 kernel and 6 % on the AVX-512 one; at depth 4096, 512 and 384 were level.
+/// a 1024 × 512 × 16384 product in one pass of 512 instead of two of 256 ran 2.5–5 % faster on
+/// the AVX-512 kernel and level (0–2 %) on the AVX2 one; at depth 4096, 512 and 384 were level.
 template <typename Kernel, typename T>
 Index depth_block() {
   const Index fit = Index(l1d_bytes()) * 2 / 3 / (Kernel::nr * Index(sizeof(T)));
