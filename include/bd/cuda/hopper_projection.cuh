@@ -129,7 +129,7 @@ public:
     if (!(s = bd::cuda::check(cudaGetLastError(), "HopperBDProjection: launching the transpose of C"))) return s;
     if (!(s = bd::cuda::check(cudaStreamSynchronize(stream), "HopperBDProjection: transposing C"))) return s;
     std::vector<HopperConfig> candidates;
-    for (int store : {1, 2})
+    for (int store : {int(hopper::Store::staged), int(hopper::Store::direct)})
       for (int stages : {3, 4})
         for (int cluster : {1, 2, 4})
           if ((config.stages == 0 || config.stages == stages) && (config.cluster == 0 || config.cluster == cluster) &&
@@ -220,7 +220,7 @@ public:
   }
 
   /// The configuration plan() chose (or was given), and how; {0, 0, 0} before plan().
-  HopperConfig config() const { return planned_ ? config_ : HopperConfig{}; }
+  HopperConfig config() const { return planned_ ? config_ : HopperConfig{0, 0, 0}; }
   const std::string& plan_summary() const { return summary_; }
   const DeviceInfo& device() const { return device_; }
 
@@ -324,7 +324,7 @@ private:
   std::unique_ptr<T, Free> coeff_t_;
   Arguments shape_{};
   bool planned_ = false;
-  HopperConfig config_{1, 3, 1};
+  HopperConfig config_{1, 3, int(hopper::Store::staged)};
   mutable Maps maps_[3];                ///< per cluster size 1, 2, 4; X and K' re-encoded when run() is given others
   mutable int max_clusters_[3][2][2] = {};  ///< per cluster size, stage count and store, 0 until asked
   std::string summary_ = "not planned";
