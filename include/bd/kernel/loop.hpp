@@ -161,7 +161,20 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
 /// preparation neither zero nor fault in fresh pages each time. Grows to the largest GEMM the
 /// thread has run. Taken before any parallel region, so nothing inside one can throw.
 template <typename T>
-struct PackingSpace : ScratchBuffer<T> {};
+struct PackingSpace : ScratchBuffer<T> {
+  Index stride = 0;  // one worker's share, in values of T
+  /// `workers` shares of at least `need` values, worker w's at w·stride. The stride only grows
+  /// (in whole 4 KiB pages), so a worker's share keeps its addresses from one product to the
+  /// next whatever their shapes. Laid out by each product's own sizes, a product of another
+  /// depth (BD's K' projection, depth d − d_h, between dense ones of depth d) moved the second
+  /// worker's share onto lines the first core's cache held, and the next products' packing
+  /// wrote across cores: in a training step at L = 128 the dense products right after BD's ran
+  /// 2–10 % slower than after dense ones (2-core Zen 5, 2026-11-28).
+  T* shares(Index need, Index workers) {
+    stride = std::max(stride, round_up(need, Index(4096 / sizeof(T))));
+    return this->reserve(static_cast<std::size_t>(stride * workers));
+  }
+};
 
 /// The depth of a pass when the caller leaves it to the kernel (Blocking::kc = 0): the deepest
 /// B micro-panel (kc × NR values) that fills at most two thirds of the L1 data cache, the rest
@@ -207,7 +220,9 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
   }
   const Index workers = column_groups * row_groups;
   const Index a_size = round_up(std::max<Index>(1, blk.mc), MR) * max_kc;  // ≥ the balanced mc of run_block_pass
-  T* const buffers = ws.local<PackingSpace<T>>().reserve(static_cast<std::size_t>((b_size + a_size) * workers));
+  PackingSpace<T>& space = ws.local<PackingSpace<T>>();
+  T* const buffers = space.shares(b_size + a_size, workers);
+  const Index share = space.stride;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(static_cast<int>(workers))
 #endif
@@ -218,7 +233,7 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
     const Index me = 0, team = 1;
 #endif
     for (Index w = me; w < workers; w += team) {  // a smaller team than asked for takes several shares
-      T* packed_b = buffers + w * (b_size + a_size);
+      T* packed_b = buffers + w * share;
       T* packed_a = packed_b + b_size;
       const Index r0 = (w / column_groups) * group_rows, r1 = std::min(a.rows, r0 + group_rows);
       if (r0 >= r1) continue;
