@@ -3,6 +3,10 @@
 //   attention/<mha|bda>/<L>      one causal self-attention forward over L tokens (peak_MB: the
 //                                memory it adds at its peak over the resident weights);
 //   decode/<mha|bda>/<context>   one new token against a KV cache of `context` tokens;
+//   attention/interleaved/<L>, decode/interleaved/<context>
+//                                the dense and the BD layer called in turn within one benchmark
+//                                (interleaved.hpp): each one's median, their ratio and its share
+//                                of the FLOP ratio, from the same seconds of the machine;
 //   gemm/bd_kernel/<L>           the dense GEMM rate of bd's kernel in the same run (the yardstick);
 //   linear/<impl>/<shape>        L = 1024 tokens through a LLaMA2-7B projection at the rank that
 //                                keeps 80 % of its parameters (the paper's low-rank table);
@@ -32,6 +36,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <bd/nn/bd_attention.hpp>
 #include <bd/kernel/matmul.hpp>
@@ -150,18 +155,23 @@ void attention(benchmark::State& state, bool bd) {
   layer_counters(state, attention_flops(double(L), keys, bd), attention_flops(double(L), keys, false));
 }
 
-void decode(benchmark::State& state, bool bd) {
-  const AttentionPair& pair = attention_pair();
-  const Index context = state.range(0);
-  // The cache holds `context` tokens of K (K' for BD: one per query head here, as n_q = n_kv),
-  // V and the shared RoPE key; their values do not change the work.
-  // One token more than `context` is appended and dropped again, so the cache already has room
-  // for the decoded token: no iteration times the cache's growth (a copy of all of it).
+/// A cache of `context` tokens of K (K' for BD: one per query head here, as n_q = n_kv), V and
+/// the shared RoPE key; their values do not change the work. One token more than `context` is
+/// appended and dropped again, so the cache already has room for the decoded token: no iteration
+/// times the cache's growth (a copy of all of it).
+bd::nn::KVCache<float> filled_cache(Index context) {
   bd::nn::KVCache<float> cache;
   cache.append(Eigen::MatrixXf::Constant(context + 1, kHeads * kHeadDim, 0.01f),
                Eigen::MatrixXf::Constant(context + 1, kHeads * kHeadDim, 0.01f),
                Eigen::MatrixXf::Constant(context + 1, kRopeDim, 0.01f));
   cache.truncate(context);
+  return cache;
+}
+
+void decode(benchmark::State& state, bool bd) {
+  const AttentionPair& pair = attention_pair();
+  const Index context = state.range(0);
+  bd::nn::KVCache<float> cache = filled_cache(context);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
   for (auto _ : state) {
     Eigen::MatrixXf y = bd ? pair.bd.decode(x, cache) : pair.dense.decode(x, cache);
@@ -169,6 +179,52 @@ void decode(benchmark::State& state, bool bd) {
     cache.truncate(context);
   }
   layer_counters(state, attention_flops(1, double(context + 1), bd), attention_flops(1, double(context + 1), false));
+}
+
+/// The counters of an interleaved pair: t = {dense, BD} medians in seconds.
+void interleaved_counters(benchmark::State& state, const std::vector<double>& t, const LayerFlops& dense, const LayerFlops& bd) {
+  const double theory = dense.total / bd.total;
+  state.counters["mha_ms"] = t[0] * 1e3;
+  state.counters["bda_ms"] = t[1] * 1e3;
+  state.counters["speedup"] = t[0] / t[1];
+  state.counters["theoretical_ratio"] = theory;
+  state.counters["share_of_theory"] = t[0] / t[1] / theory;
+  state.counters["kv_share"] = dense.kv / dense.total;
+}
+
+/// attention/interleaved/<L>: the dense and the BD forward over L tokens, called in turn.
+void attention_interleaved(benchmark::State& state) {
+  const AttentionPair& pair = attention_pair();
+  const Index L = state.range(0);
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, kHidden);
+  const auto call = [&](bool bd) {
+    return [&, bd] {
+      Eigen::MatrixXf y = bd ? pair.bd.forward(x) : pair.dense.forward(x);
+      benchmark::DoNotOptimize(y.data());
+    };
+  };
+  const std::vector<double> t = bd_bench::time_interleaved(state, {call(false), call(true)});
+  const double keys = (double(L) + 1) / 2;
+  interleaved_counters(state, t, attention_flops(double(L), keys, false), attention_flops(double(L), keys, true));
+}
+
+/// decode/interleaved/<context>: one token through the dense and the BD layer, called in turn.
+/// Both read one cache — K and K' (V and V') have the same shape here and their values do not
+/// change the work — so the run holds one cache (2 GiB at 16k context), not two.
+void decode_interleaved(benchmark::State& state) {
+  const AttentionPair& pair = attention_pair();
+  const Index context = state.range(0);
+  bd::nn::KVCache<float> cache = filled_cache(context);
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
+  const auto call = [&](bool bd) {
+    return [&, bd] {
+      Eigen::MatrixXf y = bd ? pair.bd.decode(x, cache) : pair.dense.decode(x, cache);
+      benchmark::DoNotOptimize(y.data());
+      cache.truncate(context);
+    };
+  };
+  const std::vector<double> t = bd_bench::time_interleaved(state, {call(false), call(true)});
+  interleaved_counters(state, t, attention_flops(1, double(context + 1), false), attention_flops(1, double(context + 1), true));
 }
 
 /// The machine's dense GEMM rate on bd's kernel in the same run, at the layer's largest product
@@ -322,6 +378,10 @@ int register_all() {
     benchmark::RegisterBenchmark(("decode/" + name).c_str(), [bd](benchmark::State& s) { decode(s, bd); })
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   }
+  benchmark::RegisterBenchmark("attention/interleaved", attention_interleaved)
+      ->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+  benchmark::RegisterBenchmark("decode/interleaved", decode_interleaved)
+      ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
   benchmark::RegisterBenchmark("gemm/bd_kernel", gemm_rate)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
   std::vector<std::string> impls{"dense", "dense_kernel", "lowrank", "lowrank_kernel", "bd"};
 #ifdef BD_HAVE_OPENBLAS
