@@ -183,12 +183,7 @@ void decode(benchmark::State& state, bool bd) {
 
 /// The counters of an interleaved pair: t = {dense, BD} medians in seconds.
 void interleaved_counters(benchmark::State& state, const std::vector<double>& t, const LayerFlops& dense, const LayerFlops& bd) {
-  const double theory = dense.total / bd.total;
-  state.counters["mha_ms"] = t[0] * 1e3;
-  state.counters["bda_ms"] = t[1] * 1e3;
-  state.counters["speedup"] = t[0] / t[1];
-  state.counters["theoretical_ratio"] = theory;
-  state.counters["share_of_theory"] = t[0] / t[1] / theory;
+  bd_bench::pair_counters(state, t[0], t[1], dense.total / bd.total);
   state.counters["kv_share"] = dense.kv / dense.total;
 }
 

@@ -106,13 +106,7 @@ void train_paired(benchmark::State& state) {
     };
   };
   const std::vector<double> t = bd_bench::time_interleaved(state, {step(false), step(true)});
-  const double mha = t[0], bda = t[1];
-  const double theory = step_flops(double(L), false) / step_flops(double(L), true);
-  state.counters["mha_ms"] = mha * 1e3;
-  state.counters["bda_ms"] = bda * 1e3;
-  state.counters["speedup"] = mha / bda;
-  state.counters["theoretical_ratio"] = theory;
-  state.counters["share_of_theory"] = mha / bda / theory;
+  bd_bench::pair_counters(state, t[0], t[1], step_flops(double(L), false) / step_flops(double(L), true));
 }
 
 int register_all() {

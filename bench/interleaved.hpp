@@ -43,4 +43,14 @@ inline std::vector<double> time_interleaved(benchmark::State& state, const std::
   return medians;
 }
 
+/// The counters of a dense/BD pair timed by time_interleaved: each one's median in ms, the
+/// speedup (dense over BD), the FLOP ratio it is read against and its share of it.
+inline void pair_counters(benchmark::State& state, double dense_seconds, double bd_seconds, double theory) {
+  state.counters["mha_ms"] = dense_seconds * 1e3;
+  state.counters["bda_ms"] = bd_seconds * 1e3;
+  state.counters["speedup"] = dense_seconds / bd_seconds;
+  state.counters["theoretical_ratio"] = theory;
+  state.counters["share_of_theory"] = dense_seconds / bd_seconds / theory;
+}
+
 }  // namespace bd_bench

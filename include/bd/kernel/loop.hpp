@@ -169,7 +169,7 @@ struct PackingSpace : ScratchBuffer<T> {
   /// depth (BD's K' projection, depth d − d_h, between dense ones of depth d) moved the second
   /// worker's share onto lines the first core's cache held, and the next products' packing
   /// wrote across cores: in a training step at L = 128 the dense products right after BD's ran
-  /// 2–10 % slower than after dense ones (2-core Zen 5, 2026-11-28).
+  /// 1–11 % slower than after dense ones (2-core Zen 5, 2026-11-28).
   T* shares(Index need, Index workers) {
     stride = std::max(stride, round_up(need, Index(4096 / sizeof(T))));
     return this->reserve(static_cast<std::size_t>(stride * workers));
