@@ -42,10 +42,12 @@ std::vector<Index> channels_of(Index first, Index count, Index stride = 1) {
 }
 
 /// One segment over all of B's columns, reading X's channels `chan`, starting from `init`
-/// (channels of X) or `bias`, written to `cols` of an output wider than B.
+/// (channels of X) or `bias`, written to `cols` of an output wider than B; B stored row-major
+/// (its transpose read in place) with `b_row_major`.
 template <typename T, typename S>
 void check(Index L, const std::vector<Index>& chan, Index N, const Blocking& blk, unsigned seed,
-           const std::vector<Index>* init = nullptr, bool bias = false, const std::vector<Index>* cols = nullptr) {
+           const std::vector<Index>* init = nullptr, bool bias = false, const std::vector<Index>* cols = nullptr,
+           bool b_row_major = false) {
   const Index K = static_cast<Index>(chan.size()), x_width = 2 * K + 3, out_width = cols ? 2 * N + 1 : N;
   const Mat<T> X = bd_test::gaussian(L, x_width, seed).cast<T>();
   const Mat<S> B = bd_test::gaussian(K, N, seed + 1).cast<T>().template cast<S>();
@@ -58,17 +60,20 @@ void check(Index L, const std::vector<Index>& chan, Index N, const Blocking& blk
     if (bias) reference.col(c).array() += b[c];
     expected.col(cols ? (*cols)[std::size_t(c)] : c) = reference.col(c);
   }
+  const Mat<S> Bt = B.transpose();  // B(k, c) at Bt.data()[k·N + c]
   bd::kernel::GemmArguments<T, S> a;
   a.rows = L;
   a.x = X.data(), a.ldx = X.outerStride();
-  a.b = B.data(), a.ldb = B.outerStride();
+  a.b = b_row_major ? Bt.data() : B.data(), a.ldb = b_row_major ? Bt.outerStride() : B.outerStride();
+  a.b_row_major = b_row_major;
   a.out = out.data(), a.ldo = out.outerStride();
   a.out_columns = cols ? cols->data() : nullptr;
   a.init_channels = init ? init->data() : nullptr;
   a.init_values = bias ? b.data() : nullptr;
   a.segments.push_back({chan.data(), K, 0, N});
   bd::kernel::gemm(a, blk);
-  INFO("L " << L << ", K " << K << ", N " << N << ", tiles " << blk.mc << "x" << blk.kc << "x" << blk.nc);
+  INFO("L " << L << ", K " << K << ", N " << N << ", tiles " << blk.mc << "x" << blk.kc << "x" << blk.nc
+            << (b_row_major ? ", B row-major" : ""));
   const double scale = std::max(1.0, double(expected.cwiseAbs().maxCoeff()));
   CHECK(double((out - expected).cwiseAbs().maxCoeff()) <= bound<T>(K) * scale);
 }
@@ -218,6 +223,47 @@ TEST_CASE("gemm kernel: a few rows (decoding) stream B unpacked with the same re
       check<float, Eigen::bfloat16>(L, channels_of(1, 20, 2), 11, Blocking{}, unsigned(L) + 64, &init);
       check<float, float>(L, {}, 3, Blocking{}, unsigned(L) + 65, &empty_depth_init);
     }
+  });
+}
+
+TEST_CASE("gemm kernel: a few rows against a row-major B (a weight read transposed) equal the product", BD_KERNEL_TEST_TAG) {
+  bd_test::for_each_isa([&] {
+    // Absorbed decoding reads each head's map transposed in place: a row-major B, which a few
+    // rows read a run of each row at a time (skinny.hpp). Widths below, at and above the column
+    // group (64) and not multiples of any vector; narrow B converted per run; every kind of start;
+    // an empty depth; L = skinny_rows + 1 takes the packed path for comparison.
+    const std::vector<Index> init{1, 4, 4, 6, 7, 8, 10, 13, 14, 16, 1};
+    std::vector<Index> cols(init.size());
+    for (std::size_t c = 0; c < cols.size(); ++c) cols[c] = Index(2 * c + 1) % 23;
+    const std::vector<Index> empty_depth_init{2, 0, 1};
+    for (Index L = 1; L <= bd::kernel::skinny_rows + 1; ++L) {
+      for (Index N : {Index(11), Index(64), Index(150)})
+        check<float, float>(L, channels_of(0, 37), N, Blocking{}, unsigned(L) + 80, nullptr, false, nullptr, true);
+      check<float, float>(L, {5, 0, 9, 2, 11, 12, 3}, 11, Blocking{}, unsigned(L) + 81, &init, false, &cols, true);
+      check<double, double>(L, channels_of(0, 97), 11, Blocking{}, unsigned(L) + 82, nullptr, true, nullptr, true);
+      check<float, Eigen::half>(L, channels_of(1, 20, 2), 70, Blocking{}, unsigned(L) + 83, nullptr, true, nullptr, true);
+      check<float, Eigen::bfloat16>(L, channels_of(1, 20, 2), 11, Blocking{}, unsigned(L) + 84, &init, false, nullptr, true);
+      check<float, float>(L, {}, 3, Blocking{}, unsigned(L) + 85, &empty_depth_init, false, nullptr, true);
+    }
+  });
+}
+
+TEST_CASE("gemm kernel: a few rows against a row-major B, one thread and two agree bit for bit", BD_KERNEL_TEST_TAG "[threads]") {
+  bd_test::for_each_isa([&] {
+    const Index L = 2, K = 128, N = 520;  // 9 column groups to share
+    const std::vector<Index> chan = channels_of(0, K);
+    const Mat<float> X = bd_test::gaussian(L, K, 91).cast<float>();
+    const Mat<float> Bt = bd_test::gaussian(N, K, 92).cast<float>();  // B = Btᵀ, row-major K × N
+    Mat<float> one(L, N), two(L, N);
+    for (int threads : {1, 2}) {
+      bd::kernel::GemmArguments<float, float> a;
+      a.rows = L, a.x = X.data(), a.ldx = L, a.b = Bt.data(), a.ldb = N, a.b_row_major = true;
+      a.out = (threads == 1 ? one : two).data(), a.ldo = L;
+      a.segments.push_back({chan.data(), K, 0, N});
+      bd::kernel::gemm(a, Blocking{}, threads);
+    }
+    CHECK(one == two);
+    CHECK((one - X * Bt.transpose()).cwiseAbs().maxCoeff() <= bound<float>(K) * 10);
   });
 }
 

@@ -13,14 +13,16 @@
 
 namespace bd::detail {
 
-/// Calls body(i) for i in [0, count), in parallel when OpenMP is on. The first exception thrown
-/// by any body is rethrown once the loop is done; Eigen's own threading is nested off inside.
+/// Calls body(i) for i in [0, count), in parallel when OpenMP is on and `parallel` holds (in
+/// order on the calling thread otherwise). The first exception thrown by any body is rethrown
+/// once the loop is done; Eigen's own threading is nested off inside.
 template <typename Body>
-void parallel_for(Eigen::Index count, Body&& body) {
+void parallel_for(Eigen::Index count, Body&& body, bool parallel = true) {
   std::exception_ptr failure;
   std::mutex failure_mutex;
+  (void)parallel;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic) if (count > 1)
+#pragma omp parallel for schedule(dynamic) if (parallel && count > 1)
 #endif
   for (Eigen::Index i = 0; i < count; ++i) {
     try {

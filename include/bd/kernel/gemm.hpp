@@ -28,7 +28,7 @@ namespace bd::kernel {
 namespace detail {
 template <typename Kernel, typename T, typename S>
 void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads, Workspace& ws) {
-  if (a.rows <= skinny_rows && !a.x_row_major && !a.b_row_major) return gemm_skinny<Kernel>(a, threads);
+  if (a.rows <= skinny_rows && !a.x_row_major) return gemm_skinny<Kernel>(a, threads);
   gemm_packed<Kernel>(a, total, blk, threads, ws);
 }
 }  // namespace detail

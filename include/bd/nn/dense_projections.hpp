@@ -14,6 +14,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/core/parallel.hpp"
 #include "bd/kernel/matmul.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/attention_steps.hpp"
@@ -64,31 +65,40 @@ void unrotate(const AttentionConfig& c, MatrixA<A>& d, Index heads, Index first_
   if (c.rope_theta > 0) apply_rope(d, heads, c.head_dim, c.rope_theta, c.rope_scaling, first_position, true);
 }
 
-/// Q̃ (L × n_q·d_c): Q̃_h = Q_h·Wk_gᵀ, Wk_g read transposed in place.
+/// Q̃ (L × n_q·d_c): Q̃_h = Q_h·Wk_gᵀ, Wk_g read transposed in place. Decoding's few rows
+/// (skinny_rows) take the heads in parallel, each head's map one thread's pass over memory;
+/// more rows use every thread within each head's product.
 template <typename A, typename S>
 MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Q, Workspace& ws) {
   const Index L = Q.rows(), dh = c.head_dim, dc = w.Wk.rows();
   MatrixA<A> Qt(L, c.n_q * dc);
-  for (Index h = 0; h < c.n_q; ++h) {
-    const Index g = h / c.group();
-    bd::kernel::linear_into<A, S>(Q.data() + h * dh * L, L, L, dh, w.Wk.data() + g * dh * w.Wk.outerStride(),
-                                  w.Wk.outerStride(), true, dc, nullptr, Qt.data() + h * dc * L, L, 0, ws);
-  }
+  bd::detail::parallel_for(
+      c.n_q,
+      [&](Index h) {
+        const Index g = h / c.group();
+        bd::kernel::linear_into<A, S>(Q.data() + h * dh * L, L, L, dh, w.Wk.data() + g * dh * w.Wk.outerStride(),
+                                      w.Wk.outerStride(), true, dc, nullptr, Qt.data() + h * dc * L, L, 0, ws);
+      },
+      L <= bd::kernel::skinny_rows);
   return Qt;
 }
 
-/// O (L × n_q·d_v): O_h = Õ_h·Wv_g + bv_g (softmax rows sum to one, so the bias passes through).
+/// O (L × n_q·d_v): O_h = Õ_h·Wv_g + bv_g (softmax rows sum to one, so the bias passes through);
+/// the heads shared among the threads as in dense_absorb_queries.
 template <typename A, typename S>
 MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Ot, Workspace& ws) {
   const Index L = Ot.rows(), dv = c.value_dim(), dc = w.Wv.rows();
   MatrixA<A> O(L, c.n_q * dv);
   const Eigen::Matrix<A, Eigen::Dynamic, 1> bias = w.bv.template cast<A>();
-  for (Index h = 0; h < c.n_q; ++h) {
-    const Index g = h / c.group();
-    bd::kernel::linear_into<A, S>(Ot.data() + h * dc * L, L, L, dc, w.Wv.data() + g * dv * w.Wv.outerStride(),
-                                  w.Wv.outerStride(), false, dv, w.bv.size() ? bias.data() + g * dv : nullptr,
-                                  O.data() + h * dv * L, L, 0, ws);
-  }
+  bd::detail::parallel_for(
+      c.n_q,
+      [&](Index h) {
+        const Index g = h / c.group();
+        bd::kernel::linear_into<A, S>(Ot.data() + h * dc * L, L, L, dc, w.Wv.data() + g * dv * w.Wv.outerStride(),
+                                      w.Wv.outerStride(), false, dv, w.bv.size() ? bias.data() + g * dv : nullptr,
+                                      O.data() + h * dv * L, L, 0, ws);
+      },
+      L <= bd::kernel::skinny_rows);
   return O;
 }
 

@@ -24,6 +24,7 @@
 
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/decomposition.hpp"
+#include "bd/core/parallel.hpp"
 #include "bd/kernel/gemm.hpp"
 #include "bd/kernel/matmul.hpp"
 #include "bd/nn/types.hpp"
@@ -166,22 +167,27 @@ MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& 
     throw ShapeError(bd::detail::message("bd_adjoint_heads: q is ", L, "x", q.cols(), " and C ", C.rows(), "x", C.cols(),
                                          " for ", n_q, " query heads over ", idx.heads(), " heads of ", d, " channels in ", d_in));
   MatrixA<A> out(L, n_q * d_in);
-  std::vector<Index> columns(static_cast<std::size_t>(d_in - d));
-  for (Index h = 0; h < n_q; ++h) {
-    const Index k = h / per;  // the head of idx (and of C) query head h reads
-    const auto& basis = idx.basis[static_cast<std::size_t>(idx.shared ? 0 : k)];
-    const auto& rest = idx.rest[static_cast<std::size_t>(idx.shared ? 0 : k)];
-    for (std::size_t j = 0; j < basis.size(); ++j) out.col(h * d_in + basis[j]) = q.col(h * d + Index(j));
-    for (std::size_t j = 0; j < rest.size(); ++j) columns[j] = h * d_in + rest[j];
-    bd::kernel::GemmArguments<A, S> args;
-    const std::vector<Index> channels = bd::detail::contiguous(h * d, d);
-    args.rows = L;
-    args.x = q.data(), args.ldx = q.outerStride();
-    args.b = C.data() + k * d * C.outerStride(), args.ldb = C.outerStride(), args.b_row_major = true;
-    args.out = out.data(), args.ldo = out.outerStride(), args.out_columns = columns.data();
-    args.segments.push_back({channels.data(), d, 0, d_in - d});
-    bd::kernel::gemm(args, {}, 0, ws);
-  }
+  // Decoding's few rows take the heads in parallel (each head's C_h one thread's pass over
+  // memory); more rows use every thread within each head's product.
+  bd::detail::parallel_for(
+      n_q,
+      [&](Index h) {
+        const Index k = h / per;  // the head of idx (and of C) query head h reads
+        const auto& basis = idx.basis[static_cast<std::size_t>(idx.shared ? 0 : k)];
+        const auto& rest = idx.rest[static_cast<std::size_t>(idx.shared ? 0 : k)];
+        for (std::size_t j = 0; j < basis.size(); ++j) out.col(h * d_in + basis[j]) = q.col(h * d + Index(j));
+        std::vector<Index> columns(rest.size());
+        for (std::size_t j = 0; j < rest.size(); ++j) columns[j] = h * d_in + rest[j];
+        bd::kernel::GemmArguments<A, S> args;
+        const std::vector<Index> channels = bd::detail::contiguous(h * d, d);
+        args.rows = L;
+        args.x = q.data(), args.ldx = q.outerStride();
+        args.b = C.data() + k * d * C.outerStride(), args.ldb = C.outerStride(), args.b_row_major = true;
+        args.out = out.data(), args.ldo = out.outerStride(), args.out_columns = columns.data();
+        args.segments.push_back({channels.data(), d, 0, d_in - d});
+        bd::kernel::gemm(args, {}, 0, ws);
+      },
+      L <= bd::kernel::skinny_rows);
   return out;
 }
 
