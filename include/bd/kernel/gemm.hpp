@@ -26,27 +26,22 @@
 namespace bd::kernel {
 
 namespace detail {
-template <typename Kernel, typename T, typename S>
+/// The skinny path (skinny.hpp) for a few rows of a column-major X, the packed one otherwise;
+/// FewRows = false: the packed one only, and the skinny one is not compiled.
+template <bool FewRows, typename Kernel, typename T, typename S>
 void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads, Workspace& ws) {
-  if (a.rows <= skinny_rows && !a.x_row_major) return gemm_skinny<Kernel>(a, threads);
+  if constexpr (FewRows) {
+    if (a.rows <= skinny_rows && !a.x_row_major) return gemm_skinny<Kernel>(a, threads);
+  }
   gemm_packed<Kernel>(a, total, blk, threads, ws);
 }
-}  // namespace detail
 
-/// The depth per pass that Blocking{}'s kc = 0 takes on active_isa()'s kernel for T (384…512,
-/// from this CPU's L1: detail::depth_block).
-template <typename T>
-Index default_depth() {
-  return on_active_kernel<T>([](auto k) { return detail::depth_block<decltype(k), T>(); });
-}
-
-/// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours
-/// OMP_NUM_THREADS; 1 inside a parallel region) with the kernels of active_isa(). Preconditions (checked where cheap; ShapeError): pointers and leading dimensions cover every
-/// index the segments, channel and column lists name. Results are bit-identical for any number
-/// of threads; different instruction sets sum in different orders (last-bit differences). The
-/// packing space is the calling thread's in `ws` (kept there for the next call).
-template <typename T, typename S>
-void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 0, Workspace& ws = default_workspace()) {
+/// gemm() with FewRows as above: false for a caller whose products never have a few rows
+/// (matmul sends those to product_small), so that a program multiplying only through it — a
+/// decomposition — compiles none of the skinny path's kernels (about 100 KB of code in the
+/// README's example).
+template <bool FewRows, typename T, typename S>
+void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, Workspace& ws) {
   if (a.rows < 0 || (!a.x_row_major && a.ldx < a.rows) || a.ldo < a.rows)
     throw ShapeError(bd::detail::message("bd::kernel::gemm: ", a.rows, " rows with leading dimensions ldx = ", a.ldx, " and ldo = ",
                                          a.ldo, "; expected rows ≥ 0, ldo ≥ rows and (column-major x) ldx ≥ rows"));
@@ -58,7 +53,26 @@ void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 
 #else
   threads = 1;
 #endif
-  on_active_kernel<T>([&](auto k) { detail::gemm_on<decltype(k)>(a, total, blk, threads, ws); });
+  on_active_kernel<T>([&](auto k) { gemm_on<FewRows, decltype(k)>(a, total, blk, threads, ws); });
+}
+}  // namespace detail
+
+/// The depth per pass that Blocking{}'s kc = 0 takes on active_isa()'s kernel for T (384…512,
+/// from this CPU's L1: detail::depth_block).
+template <typename T>
+Index default_depth() {
+  return on_active_kernel<T>([](auto k) { return detail::depth_block<decltype(k), T>(); });
+}
+
+/// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours
+/// OMP_NUM_THREADS; 1 inside a parallel region) with the kernels of active_isa(); at most
+/// skinny_rows rows of a column-major X take the skinny path (skinny.hpp). Preconditions (checked where cheap; ShapeError): pointers and leading dimensions cover every
+/// index the segments, channel and column lists name. Results are bit-identical for any number
+/// of threads; different instruction sets sum in different orders (last-bit differences). The
+/// packing space is the calling thread's in `ws` (kept there for the next call).
+template <typename T, typename S>
+void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 0, Workspace& ws = default_workspace()) {
+  detail::gemm_with<true>(a, blk, threads, ws);
 }
 
 /// The instantiations bd::compiled holds (src/compiled_kernel.cpp, its kernel part

@@ -64,7 +64,7 @@ void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Ind
   args.segments.push_back({channels.data(), depth, 0, cols});
   args.lower_only = lower_only;
   args.accumulate = accumulate;
-  gemm(args, {}, 0, ws);
+  gemm_with<false>(args, {}, 0, ws);  // matmul_or_add sends a few rows to product_small
 }
 
 }  // namespace detail

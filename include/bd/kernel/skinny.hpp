@@ -134,4 +134,10 @@ namespace bd::kernel {
 /// Products with at most this many rows take the skinny path (decoding: a few tokens at a time).
 inline constexpr Index skinny_rows = detail::skinny_rows;
 
+/// Whether a loop of per-head products with `rows` rows each (absorbed decoding's maps into and
+/// out of the latent, BD's adjoint) shares the heads among the threads, each head's product one
+/// thread's pass over memory — a few rows, the skinny path, bound by reading the weights — rather
+/// than every thread working inside each head's product (more rows: each product a packed GEMM).
+inline bool heads_across_threads(Index rows) { return rows <= skinny_rows; }
+
 }  // namespace bd::kernel

@@ -65,9 +65,8 @@ void unrotate(const AttentionConfig& c, MatrixA<A>& d, Index heads, Index first_
   if (c.rope_theta > 0) apply_rope(d, heads, c.head_dim, c.rope_theta, c.rope_scaling, first_position, true);
 }
 
-/// Q̃ (L × n_q·d_c): Q̃_h = Q_h·Wk_gᵀ, Wk_g read transposed in place. Decoding's few rows
-/// (skinny_rows) take the heads in parallel, each head's map one thread's pass over memory;
-/// more rows use every thread within each head's product.
+/// Q̃ (L × n_q·d_c): Q̃_h = Q_h·Wk_gᵀ, Wk_g read transposed in place; decoding's few rows take
+/// the heads in parallel (bd::kernel::heads_across_threads).
 template <typename A, typename S>
 MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Q, Workspace& ws) {
   const Index L = Q.rows(), dh = c.head_dim, dc = w.Wk.rows();
@@ -79,7 +78,7 @@ MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights
         bd::kernel::linear_into<A, S>(Q.data() + h * dh * L, L, L, dh, w.Wk.data() + g * dh * w.Wk.outerStride(),
                                       w.Wk.outerStride(), true, dc, nullptr, Qt.data() + h * dc * L, L, 0, ws);
       },
-      L <= bd::kernel::skinny_rows);
+      bd::kernel::heads_across_threads(L));
   return Qt;
 }
 
@@ -98,7 +97,7 @@ MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<
                                       w.Wv.outerStride(), false, dv, w.bv.size() ? bias.data() + g * dv : nullptr,
                                       O.data() + h * dv * L, L, 0, ws);
       },
-      L <= bd::kernel::skinny_rows);
+      bd::kernel::heads_across_threads(L));
   return O;
 }
 

@@ -167,8 +167,7 @@ MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& 
     throw ShapeError(bd::detail::message("bd_adjoint_heads: q is ", L, "x", q.cols(), " and C ", C.rows(), "x", C.cols(),
                                          " for ", n_q, " query heads over ", idx.heads(), " heads of ", d, " channels in ", d_in));
   MatrixA<A> out(L, n_q * d_in);
-  // Decoding's few rows take the heads in parallel (each head's C_h one thread's pass over
-  // memory); more rows use every thread within each head's product.
+  // Decoding's few rows take the heads in parallel (heads_across_threads).
   bd::detail::parallel_for(
       n_q,
       [&](Index h) {
@@ -187,7 +186,7 @@ MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& 
         args.segments.push_back({channels.data(), d, 0, d_in - d});
         bd::kernel::gemm(args, {}, 0, ws);
       },
-      L <= bd::kernel::skinny_rows);
+      bd::kernel::heads_across_threads(L));
   return out;
 }
 
