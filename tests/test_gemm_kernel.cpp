@@ -197,11 +197,20 @@ TEST_CASE("gemm kernel: the depth per pass changes the time, not a bit of the re
     CHECK(outs[0] == outs[2]);
     CHECK((outs[0] - X * B).cwiseAbs().maxCoeff() <= bound<float>(512) * 10);
   });
-  // The chosen depth keeps BD's key projection (384) in one pass and stays within 512.
+  // The chosen depth keeps BD's key projection (384) in one pass and stays within 512; a product
+  // only a little deeper than the streamed passes allow takes at most one pass more, never a
+  // pass longer than 512, and the streamed depth again past 512.
   bd_test::for_each_isa([&] {
     for (Index kc : {bd::kernel::default_depth<float>(), bd::kernel::default_depth<double>()}) {
       CHECK(kc >= 384);
       CHECK(kc <= 512);
+    }
+    for (Index depth : {Index(384), Index(448), Index(512), Index(513), Index(1638), Index(4096)}) {
+      const Index kc = bd::kernel::default_depth<float>(depth), streamed = bd::kernel::default_depth<float>();
+      CHECK(kc >= 384);
+      CHECK(kc <= 512);
+      CHECK((kc == streamed || kc == depth));
+      if (depth > 512) CHECK(kc == streamed);
     }
   });
 }

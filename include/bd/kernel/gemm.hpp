@@ -57,11 +57,12 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
 }
 }  // namespace detail
 
-/// The depth per pass that Blocking{}'s kc = 0 takes on active_isa()'s kernel for T (384…512,
-/// from this CPU's L1: detail::depth_block).
+/// The most channels per pass that Blocking{}'s kc = 0 takes on active_isa()'s kernel for T in a
+/// product whose deepest segment has `depth` channels (0: any depth): 384…512, from this CPU's
+/// L1 (detail::depth_block).
 template <typename T>
-Index default_depth() {
-  return on_active_kernel<T>([](auto k) { return detail::depth_block<decltype(k), T>(); });
+Index default_depth(Index depth = 0) {
+  return on_active_kernel<T>([depth](auto k) { return detail::depth_block<decltype(k), T>(depth); });
 }
 
 /// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours

@@ -176,17 +176,25 @@ struct PackingSpace : ScratchBuffer<T> {
   }
 };
 
-/// The depth of a pass when the caller leaves it to the kernel (Blocking::kc = 0): the deepest
-/// B micro-panel (kc × NR values) that fills at most two thirds of the L1 data cache, the rest
-/// left to the A micro-panel's lines streaming through and the output tile; at least 384 (BD's
-/// key projection at DeepSeek's shape, d − d_h = 384, in one pass; 256 measured 3–10 % slower on
-/// Zen 4 with either kernel) and at most 512. Measured on a 2-core Zen 5 (48 KiB L1, 2026-11-28):
-/// a 1024 × 512 × 16384 product in one pass of 512 instead of two of 256 ran 2.5–5 % faster on
-/// the AVX-512 kernel and level (0–2 %) on the AVX2 one; at depth 4096, 512 and 384 were level.
+/// The depth of a pass when the caller leaves it to the kernel (Blocking::kc = 0), for a product
+/// whose deepest segment has `depth` channels (0: unknown): the deepest B micro-panel (kc × NR
+/// values) that fills at most two thirds of the L1 data cache, the rest left to the A
+/// micro-panel's lines streaming through and the output tile; at least 384 (BD's key projection
+/// at DeepSeek's shape, d − d_h = 384, in one pass; 256 measured 3–10 % slower on Zen 4 with
+/// either kernel) and at most 512. Measured on a 2-core Zen 5 (48 KiB L1, 2026-11-28): a 1024 ×
+/// 512 × 16384 product in one pass of 512 instead of two of 256 ran 2.5–5 % faster on the
+/// AVX-512 kernel and level (0–2 %) on the AVX2 one; at depth 4096, 512 and 384 were level.
+/// A product no deeper than a panel filling three quarters of L1 (and 512) takes its whole depth
+/// in one pass instead of two: on a 32 KiB L1 (Zen 4, AVX-512, float: two thirds allow 448), the
+/// same product at depth 512 ran 1–7 % faster in one pass of 512 than in two of 256 (four
+/// alternated runs), while deeper products (1638, 4096) ran 2 % faster in passes of ≤ 448 than
+/// of ≤ 512 — the store and reload a second pass costs is what the larger panel saves.
 template <typename Kernel, typename T>
-Index depth_block() {
-  const Index fit = Index(l1d_bytes()) * 2 / 3 / (Kernel::nr * Index(sizeof(T)));
-  return std::clamp<Index>(fit / 8 * 8, 384, 512);
+Index depth_block(Index depth = 0) {
+  const Index panel = Kernel::nr * Index(sizeof(T)), l1 = Index(l1d_bytes());
+  const Index streamed = std::clamp<Index>(l1 * 2 / 3 / panel / 8 * 8, 384, 512);
+  const Index whole = std::min<Index>(l1 * 3 / 4 / panel, 512);
+  return depth > streamed && depth <= whole ? depth : streamed;
 }
 
 /// The packed GEMM on one kernel. Work is split as a grid: the columns (all segments side by
@@ -197,7 +205,11 @@ template <typename Kernel, typename T, typename S>
 void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& asked, int threads, Workspace& ws) {
   constexpr Index MR = Kernel::mr, NR = Kernel::nr;
   Blocking blk = asked;
-  if (blk.kc <= 0) blk.kc = depth_block<Kernel, T>();
+  if (blk.kc <= 0) {
+    Index deepest = 0;
+    for (const auto& seg : a.segments) deepest = std::max(deepest, seg.depth);
+    blk.kc = depth_block<Kernel, T>(deepest);
+  }
   Index max_kc = 1, passes = 1;
   for (const auto& seg : a.segments) {
     const Index kc = pass_depth(seg.depth, blk.kc);
