@@ -276,6 +276,36 @@ TEST_CASE("gemm kernel: a few rows against a row-major B, one thread and two agr
   });
 }
 
+TEST_CASE("gemm kernel: one row deeper than half of L1 gives every column the bits it has alone", BD_KERNEL_TEST_TAG) {
+  bd_test::for_each_isa([&] {
+    // One token's row longer than 16 KiB is read against four columns at a time (decoding's
+    // output projection); each column's sum must still run as it does alone. Depths past the
+    // threshold by a tail that is not a whole vector, widths that leave 1–3 columns over.
+    const auto run = [](auto zero, Index K, Index N, unsigned seed) {
+      using T = decltype(zero);
+      const std::vector<Index> chan = channels_of(0, K);
+      const Mat<T> x = bd_test::gaussian(1, K, seed).cast<T>();
+      const Mat<T> B = bd_test::gaussian(K, N, seed + 1).cast<T>();
+      Mat<T> all(1, N), alone(1, N);
+      const auto product = [&](Index first, Index width, T* out) {
+        bd::kernel::GemmArguments<T, T> a;
+        a.rows = 1, a.x = x.data(), a.ldx = 1, a.b = B.data() + first * K, a.ldb = K, a.out = out, a.ldo = 1;
+        a.segments.push_back({chan.data(), K, 0, width});
+        bd::kernel::gemm(a, Blocking{}, 1);
+      };
+      product(0, N, all.data());
+      for (Index c = 0; c < N; ++c) product(c, 1, alone.data() + c);
+      CHECK(all == alone);
+      CHECK((all - x * B).cwiseAbs().maxCoeff() <= bound<T>(K) * 10);
+    };
+    for (Index N : {Index(4), Index(13), Index(70)}) {
+      run(float(0), 4096 + 37, N, 95);
+      run(double(0), 2048 + 13, N, 97);
+      run(float(0), 4096 - 8, N, 99);  // at the threshold: one column at a time
+    }
+  });
+}
+
 TEST_CASE("gemm kernel: a few rows over segments and two threads", BD_KERNEL_TEST_TAG "[threads]") {
   bd_test::for_each_isa([&] {
     // Wide enough (3 × 200 × 300 products) for the unpacked path to share columns among threads.
