@@ -107,7 +107,7 @@ struct Avx512Kernel {
   }
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
-    avx512::dot_columns<Ops>(count, rows, depth, depth, b, ldb, columns, result);
+    avx512::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result);
   }
   /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
   static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) {
