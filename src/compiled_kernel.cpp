@@ -1,8 +1,9 @@
 // bd::compiled_kernel (bd::compiled links it) — the kernel's instantiations: the GEMM, flash
-// attention, the small and large products, the triangular inverse and the small LU, for every scalar type bd's
+// attention, the small and large products, the triangular inverse, the small LU and the Cholesky factor, for every scalar type bd's
 // layers and preparation use, each with its AVX-512, AVX2 and portable micro-kernels. Headers
 // declare them extern where BD_COMPILED_LIB or BD_COMPILED_KERNEL is defined
 // (docs/architecture.md, "Compile time").
+#include <bd/kernel/cholesky.hpp>
 #include <bd/kernel/flash_attention.hpp>
 #include <bd/kernel/gemm.hpp>
 #include <bd/kernel/inverse.hpp>
@@ -15,4 +16,5 @@ BD_FLASH_ATTENTION_INSTANTIATIONS(template)
 BD_MATMUL_INSTANTIATIONS(template)
 BD_INVERSE_INSTANTIATIONS(template)
 BD_SMALL_LU_INSTANTIATIONS(template)
+BD_CHOLESKY_INSTANTIATIONS(template)
 }  // namespace bd::kernel

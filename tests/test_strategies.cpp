@@ -142,6 +142,23 @@ TEST_CASE("pivoting hands over to double where float cannot tell the rows apart"
   CHECK(d.indices() == std::vector<Eigen::Index>{0, 1, 2, 3, 4, 6});
 }
 
+TEST_CASE("a rank-deficient V pivots in W's own geometry too: the rows Businger-Golub pivoting picks on the dense W",
+          "[strategy]") {
+  // VᵀV singular (V's last column a combination of the others): W = U·Vᵀ has rank r − 1, the
+  // geometry comes from a pivoted Cholesky of VᵀV, and the first r − 1 pivots are W's own. The
+  // r-th row is then any row (every remaining row of W lies in the span of the first r − 1).
+  for (unsigned seed = 1; seed <= 4; ++seed) {
+    auto p = random_product(40, 30, 6, seed);
+    p.V.col(5) = 0.5 * p.V.col(0) - 2.0 * p.V.col(3);
+    const Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(Eigen::MatrixXd(p.W().transpose()));
+    const auto d = bd::decompose_product<double>(p.U, p.V, bd::Options{}.with_basis(Basis::Pivoted));
+    INFO("seed " << seed);
+    for (Eigen::Index k = 0; k < 5; ++k)
+      CHECK(std::count(d.indices().begin(), d.indices().end(), qr.colsPermutation().indices()(k)) == 1);
+    CHECK(d.report().nmse <= 1e-20);
+  }
+}
+
 TEST_CASE("auto takes the shared window when it meets the budget and says why", "[strategy][auto]") {
   const auto p = random_product(64, 48, 8, 5);
   const auto d = bd::decompose_product<Eigen::half>(p.U, p.V, bd::Options{}.with_basis(Basis::Auto).with_error_budget(1e6));

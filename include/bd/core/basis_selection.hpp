@@ -20,7 +20,7 @@
 #include <numeric>
 #include <vector>
 
-#include <Eigen/LU>
+#include <Eigen/Core>
 
 #include "bd/base/deferred.hpp"
 #include "bd/core/factored_product.hpp"
@@ -131,6 +131,8 @@ double sketched_model(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& Y,
 struct ScoreScratch {
   bd::kernel::SmallLU<float> lu;
   Eigen::MatrixXf inv_t;
+  bd::kernel::SmallLU<double> lu_double;
+  Eigen::MatrixXd inv_double;
 };
 
 BD_DEFERRED WindowScore score_window(const FactoredProduct& p, const std::vector<Index>& S, bool exact,
@@ -164,12 +166,13 @@ BD_DEFERRED WindowScore score_window(const FactoredProduct& p, const std::vector
       return score;
     }
   }
-  const Eigen::MatrixXd QS = p.Q(S, Eigen::all);
-  Eigen::PartialPivLU<Eigen::MatrixXd> lu(QS.transpose());
+  ScoreScratch& scratch = ws.local<ScoreScratch>();
+  bd::kernel::SmallLU<double>& lu = scratch.lu_double;
+  lu.compute(p.Q(S, Eigen::all).transpose());
   score.rcond = lu.rcond();
   if (!(score.rcond >= singular_rcond)) return score;
-  score.model = exact ? exact_model(bd::kernel::inverse(lu, ws), D)
-                      : sketched_model(Eigen::MatrixXd(lu.solve(p.sketch.transpose())), p, S, D);
+  if (exact) lu.inverse_into(scratch.inv_double, ws);
+  score.model = exact ? exact_model(scratch.inv_double, D) : sketched_model(lu.solve(p.sketch.transpose()), p, S, D);
   return score;
 }
 

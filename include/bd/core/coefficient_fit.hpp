@@ -18,8 +18,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <Eigen/Cholesky>
-#include <Eigen/LU>
 #include <Eigen/QR>
 
 #include "bd/core/basis_selection.hpp"
@@ -31,6 +29,7 @@
 #include "bd/core/precision.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/core/validate.hpp"
+#include "bd/kernel/cholesky.hpp"
 #include "bd/kernel/inverse.hpp"
 #include "bd/kernel/matmul.hpp"
 #include "bd/kernel/small_lu.hpp"
@@ -79,7 +78,7 @@ struct FitBuffers {
   Eigen::MatrixXd Bd, dB, US, UR, QR, C, Ct, Ch, Dh;
   Eigen::MatrixXd QSinv_t, dBV, dBdBt, GUSt, Y, BBt, inv, M, T;  // r×r
   bd::kernel::SmallLU<double> lu;    // of Q_Sᵀ
-  Eigen::LLT<Eigen::MatrixXd> llt;   // of B̂B̂ᵀ
+  bd::kernel::Cholesky<double> llt;  // of B̂B̂ᵀ
 };
 
 /// out = rows `list` (ascending) of A, copied run by run: a window's complement is two blocks,
@@ -275,11 +274,11 @@ void fit_coefficients(FitStage<Scalar, Precision>& f, bool refit) {
   Y += buf.dBdBt;
   matmul_into(buf.US, GUSt, BBt);
   BBt += Y + Y.transpose() - buf.dBdBt;
-  Eigen::LLT<MatrixXd>& llt = buf.llt;
-  llt.compute(BBt);
-  if (!(llt.info() == Eigen::Success && llt.rcond() > 1e-13)) return matmul_into(buf.QR, QSinv, C);
+  bd::kernel::Cholesky<double>& llt = buf.llt;
+  llt.compute(BBt, ws);
+  if (!(llt.ok() && llt.rcond() > 1e-13)) return matmul_into(buf.QR, QSinv, C);
   MatrixXd &inv = buf.inv, &M = buf.M, &T = buf.T;
-  bd::kernel::inverse_into(llt, inv, ws);
+  llt.inverse_into(inv, ws);
   M.resize(r, r), T.resize(r, r);
   matmul_into(Y, inv, M);  // M = I − Y·(B̂B̂ᵀ)⁻¹
   M = -M;
@@ -376,7 +375,7 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
 
 /// The reciprocal condition of the basis block Q_S of a dense W's factoring, refused when singular.
 BD_DEFERRED double dense_basis_rcond(const FactoredProduct& p, const std::vector<Index>& S) {
-  Eigen::PartialPivLU<Eigen::MatrixXd> lu(Eigen::MatrixXd(p.Q(S, Eigen::all)));
+  const bd::kernel::SmallLU<double> lu(p.Q(S, Eigen::all));
   const double rcond = lu.rcond();
   require_nonsingular(rcond, S, p.name);
   return rcond;

@@ -15,15 +15,14 @@
 #include <type_traits>
 #include <vector>
 
-#include <Eigen/Cholesky>
 #include <Eigen/Core>
-#include <Eigen/Eigenvalues>
-#include <Eigen/QR>
 
 #include "bd/base/deferred.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/workspace.hpp"
 #include "bd/core/options.hpp"
+#include "bd/kernel/cholesky.hpp"
+#include "bd/kernel/householder_qr.hpp"
 #include "bd/kernel/inverse.hpp"
 #include "bd/kernel/matmul.hpp"
 
@@ -71,7 +70,7 @@ BD_DEFERRED std::shared_ptr<const Eigen::MatrixXd> sketch_matrix(Index m, const 
 /// QR's Gram, its factor and inverse, the first pass's Q; the float Gram and U·G of the row norms.
 struct FactorScratch {
   Eigen::MatrixXd gram, Linv, previous;
-  Eigen::LLT<Eigen::MatrixXd> llt;
+  bd::kernel::Cholesky<double> llt;
   Eigen::MatrixXf Gf, Uf, UG;
 };
 
@@ -83,18 +82,18 @@ struct FactorScratch {
 BD_DEFERRED bool cholesky_qr(const Eigen::MatrixXd& U, Eigen::MatrixXd& Q, Workspace& ws) {
   FactorScratch& scratch = ws.local<FactorScratch>();
   Eigen::MatrixXd &gram = scratch.gram, &Linv = scratch.Linv, &previous = scratch.previous;
-  Eigen::LLT<Eigen::MatrixXd>& llt = scratch.llt;
+  bd::kernel::Cholesky<double>& llt = scratch.llt;
   const Index r = U.cols();
   gram.resize(r, r);
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 1) previous = Q;
     const Eigen::MatrixXd& in = pass == 0 ? U : previous;
     bd::kernel::gram_into(in, gram, ws);
-    llt.compute(gram);
-    if (llt.info() != Eigen::Success) return false;
+    llt.compute(gram, ws);
+    if (!llt.ok()) return false;
     const double rcond = llt.rcond();  // ≈ 1/κ(Q)²
     if (pass == 0 && !(rcond > 1e-12)) return false;
-    bd::kernel::lower_inverse_into(llt.matrixLLT(), Linv, ws);  // R⁻¹ = L⁻ᵀ (R = Lᵀ), read transposed
+    bd::kernel::lower_inverse_into(llt.matrixL(), Linv, ws);  // R⁻¹ = L⁻ᵀ (R = Lᵀ), read transposed
     Q.resize(in.rows(), r);
     bd::kernel::matmul_upper_into(in, Linv.transpose(), Q, ws);
     if (pass == 0 && rcond > 1e-4) break;
@@ -122,13 +121,12 @@ BD_DEFERRED void factor_in_place(FactoredProduct& p, Workspace& ws) {
   const Eigen::MatrixXd& U = p.U;
   const Index m = U.rows(), r = U.cols();
   if (!cholesky_qr(U, p.Q, ws)) {
-    Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(U);
-    if (qr.rank() < r)
-      throw SingularBasisError(bd::detail::message(p.name, ": the basis-side factor (", m, "x", r, ") has numerical rank ", qr.rank(),
+    const Index rank = bd::kernel::householder_range(U, p.Q);
+    if (rank < r)
+      throw SingularBasisError(bd::detail::message(p.name, ": the basis-side factor (", m, "x", r, ") has numerical rank ", rank,
                                        " < r = ", r, ", so every choice of ", r,
                                        " basis rows is singular (a zero, pruned or tied head?); leave it dense "
                                        "or use a smaller rank"));
-    p.Q = qr.householderQ() * Eigen::MatrixXd::Identity(m, r);
   }
   if (p.Vf().size()) {
     // G from float V is accurate to float's unit (coefficient_fit.hpp), so ‖W_i‖² = U_i·G·U_iᵀ
@@ -179,28 +177,30 @@ struct FactoredSet {
 
 /// Fᵀ (r×m) into Ft, where the rows of the m×r matrix F are isometric to the rows of W:
 /// W_i·W_jᵀ = F_i·F_jᵀ. With VᵀV = L·Lᵀ (Cholesky), F = U·L; when VᵀV is singular (a rank-deficient
-/// V), with VᵀV = E·Λ·Eᵀ (symmetric eigendecomposition, Λ ≥ 0), F = U·E·Λ^½. Used to pivot in W's
+/// V), with VᵀV ≈ E·Eᵀ (pivoted Cholesky, E r×k, k the rank of V), F = U·E. Used to pivot in W's
 /// own geometry without forming W: pivoting reads only F·Fᵀ, which both forms equal. Formed as
 /// Lᵀ·Uᵀ, so that each row of F is a contiguous column, as QR with column pivoting reads them.
 /// The Cholesky factor and Lᵀ are the thread's GeometryScratch.
 struct GeometryScratch {
-  Eigen::LLT<Eigen::MatrixXd> llt;
+  bd::kernel::Cholesky<double> llt;
   Eigen::MatrixXd Lt;
 };
 
 BD_DEFERRED void row_geometry_transposed(const FactoredProduct& p, Eigen::MatrixXd& Ft, Workspace& ws) {
   GeometryScratch& scratch = ws.local<GeometryScratch>();
-  scratch.llt.compute(p.G);
+  scratch.llt.compute(p.G, ws);
   Ft.resize(p.r(), p.m());
-  if (scratch.llt.info() == Eigen::Success && scratch.llt.rcond() > 1e-12) {
-    scratch.Lt = scratch.llt.matrixU();
+  if (scratch.llt.ok() && scratch.llt.rcond() > 1e-12) {
+    scratch.Lt = scratch.llt.matrixL().transpose();
     bd::kernel::matmul_into(scratch.Lt, p.U.transpose(), Ft, ws);
     return;
   }
-  const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eig(p.G);
-  const Eigen::VectorXd scale = eig.eigenvalues().array().max(0.0).sqrt();
-  bd::kernel::matmul_into(eig.eigenvectors().transpose(), p.U.transpose(), Ft, ws);
-  Ft.array().colwise() *= scale.array();  // Λ^½·Eᵀ·Uᵀ: row k scaled by √λ_k
+  // G singular (a rank-deficient V): G ≈ E·Eᵀ, E r×k by pivoted Cholesky, and F = U·E, padded
+  // with zero columns to r: zero rows of Fᵀ, which add nothing to any row of W's norm or product.
+  const Eigen::MatrixXd E = bd::kernel::semidefinite_factor(p.G);
+  Ft.setZero();
+  auto top = Ft.topRows(E.cols());
+  bd::kernel::matmul_into(E.transpose(), p.U.transpose(), top, ws);
 }
 
 /// The instantiations bd::compiled holds (src/compiled_ranking.cpp).

@@ -16,6 +16,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/kernel/condition_estimate.hpp"
 #include "bd/kernel/dispatch.hpp"
 #include "bd/kernel/inverse.hpp"
 
@@ -59,22 +60,21 @@ public:
   /// Row i of P·A is row permutation()[i] of A.
   const std::vector<Index>& permutation() const { return perm_; }
 
-  /// X = A⁻¹·B.
+  /// X = A⁻¹·B:  L·U·X = P·B, by substitution along the rows of a row-major copy (each step
+  /// one row of X minus a multiple of another: B's columns side by side in the vectors).
   template <typename Derived>
   Matrix solve(const Eigen::MatrixBase<Derived>& B) const {
-    Matrix X(B.rows(), B.cols());
+    RowMatrix X(B.rows(), B.cols());
     for (Index i = 0; i < size(); ++i) X.row(i) = B.row(perm_[static_cast<std::size_t>(i)]).template cast<T>();
-    matrixLU().template triangularView<Eigen::UnitLower>().solveInPlace(X);
-    matrixLU().template triangularView<Eigen::Upper>().solveInPlace(X);
+    substitute(X.data(), X.cols(), false);
     return X;
   }
 
   /// X = A⁻ᵀ·B:  Aᵀ = Uᵀ·Lᵀ·P.
   template <typename Derived>
   Matrix solve_transposed(const Eigen::MatrixBase<Derived>& B) const {
-    Matrix Z = B.template cast<T>();
-    matrixLU().transpose().template triangularView<Eigen::Lower>().solveInPlace(Z);
-    matrixLU().transpose().template triangularView<Eigen::UnitUpper>().solveInPlace(Z);
+    RowMatrix Z = B.template cast<T>();
+    substitute(Z.data(), Z.cols(), true);
     Matrix X(Z.rows(), Z.cols());
     for (Index i = 0; i < size(); ++i) X.row(perm_[static_cast<std::size_t>(i)]) = Z.row(i);
     return X;
@@ -101,42 +101,41 @@ public:
   /// 1/(‖A‖₁·est‖A⁻¹‖₁), Hager's power iteration with Higham's alternating safeguard (LAPACK
   /// xGECON). 0 for a singular U.
   double rcond() const {
-    const Index n = size();
-    if (n == 0) return 1.0;
-    if (norm1_ == 0 || !(matrixLU().diagonal().cwiseAbs().minCoeff() > T(0))) return 0.0;
+    if (size() && !(matrixLU().diagonal().cwiseAbs().minCoeff() > T(0))) return 0.0;
     using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
-    const auto l1 = [](const Vec& v) { return static_cast<double>(v.template lpNorm<1>()); };
-    const auto sign = [](const Vec& v) { return Vec(v.unaryExpr([](T x) { return x < T(0) ? T(-1) : T(1); })); };
-    Vec v = solve(Vec::Constant(n, T(1) / T(n)));
-    double bound = l1(v);
-    if (n > 1) {
-      Vec s = sign(v);
-      v = solve_transposed(s);
-      Index at;
-      v.cwiseAbs().maxCoeff(&at);
-      double old_bound = bound;
-      for (int k = 0; k < 4; ++k) {
-        v = solve(Vec::Unit(n, at));
-        bound = l1(v);
-        if (bound <= old_bound) break;
-        const Vec s_new = sign(v);
-        if (s_new == s) break;
-        s = s_new;
-        v = solve_transposed(s);
-        Index next;
-        v.cwiseAbs().maxCoeff(&next);
-        if (next == at) break;
-        at = next;
-        old_bound = bound;
-      }
-      Vec alt(n);
-      for (Index i = 0; i < n; ++i) alt(i) = T((i % 2 ? -1.0 : 1.0) * (1.0 + double(i) / double(n - 1)));
-      bound = std::max(bound, 2 * l1(solve(alt)) / (3.0 * double(n)));
-    }
-    return bound > 0 ? (1.0 / norm1_) / bound : 0.0;
+    return detail::rcond_estimate<T>(
+        size(), norm1_, [&](const Vec& v) { return Vec(solve(v)); }, [&](const Vec& v) { return Vec(solve_transposed(v)); });
   }
 
 private:
+  /// X (n×k, row-major, leading dimension k) ← U⁻¹·L⁻¹·X, or ← L⁻ᵀ·U⁻ᵀ·X when transposed.
+  void substitute(T* x, Index k, bool transposed) const {
+    const Index n = n_, ld = buffer_.cols();
+    const T* lu = buffer_.data();
+    const auto axpy = [k](T* to, T a, const T* from) {
+      if (a != T(0))
+        for (Index c = 0; c < k; ++c) to[c] -= a * from[c];
+    };
+    const auto scale = [k](T* row, T d) {
+      for (Index c = 0; c < k; ++c) row[c] /= d;
+    };
+    if (!transposed) {
+      for (Index i = 1; i < n; ++i)  // L (unit lower): row i minus L_ip·row p, p < i
+        for (Index p = 0; p < i; ++p) axpy(x + i * k, lu[i * ld + p], x + p * k);
+      for (Index i = n - 1; i >= 0; --i) {  // U: row i minus U_ip·row p, p > i, over U_ii
+        for (Index p = i + 1; p < n; ++p) axpy(x + i * k, lu[i * ld + p], x + p * k);
+        scale(x + i * k, lu[i * ld + i]);
+      }
+    } else {
+      for (Index p = 0; p < n; ++p) {  // Uᵀ (lower): row p final, then taken from the rows below
+        scale(x + p * k, lu[p * ld + p]);
+        for (Index i = p + 1; i < n; ++i) axpy(x + i * k, lu[p * ld + i], x + p * k);
+      }
+      for (Index p = n - 1; p > 0; --p)  // Lᵀ (unit upper): row p taken from the rows above
+        for (Index i = 0; i < p; ++i) axpy(x + i * k, lu[p * ld + i], x + p * k);
+    }
+  }
+
   void factor(Index n, Index ld) {
     on_active_kernel<T>([&](auto k) { k.lu_rows(buffer_.data(), n, ld, perm_.data()); });
   }
