@@ -57,18 +57,22 @@ public:
   /// L, lower triangular (zero above the diagonal), when ok().
   const Matrix& matrixL() const { return L_; }
 
-  /// x = A⁻¹·b = L⁻ᵀ·L⁻¹·b, by substitution along L's columns.
+  /// x = A⁻¹·b = L⁻ᵀ·L⁻¹·b, by substitution along the columns of L and of Lᵀ (a copy made by
+  /// compute()): every step one contiguous update the compiler vectorises.
   Vector solve(const Vector& b) const {
     Vector x = b;
     const Index n = size();
-    for (Index j = 0; j < n; ++j) {  // L·y = b, column by column
-      x(j) /= L_(j, j);
-      for (Index i = j + 1; i < n; ++i) x(i) -= L_(i, j) * x(j);
+    for (Index p = 0; p < n; ++p) {  // L·y = b: y_p final, then taken from the rows below
+      x(p) /= L_(p, p);
+      const T xp = x(p);
+      const T* col = &L_(0, p);
+      for (Index i = p + 1; i < n; ++i) x(i) -= xp * col[i];
     }
-    for (Index j = n - 1; j >= 0; --j) {  // Lᵀ·x = y: row j of Lᵀ is column j of L
-      T s = x(j);
-      for (Index i = j + 1; i < n; ++i) s -= L_(i, j) * x(i);
-      x(j) = s / L_(j, j);
+    for (Index p = n - 1; p >= 0; --p) {  // Lᵀ·x = y: x_p final, then taken from the rows above
+      x(p) /= L_(p, p);
+      const T xp = x(p);
+      const T* col = &Lt_(0, p);
+      for (Index i = 0; i < p; ++i) x(i) -= xp * col[i];
     }
     return x;
   }
@@ -94,7 +98,7 @@ private:
 
   void factor(Workspace& ws);  // defined below the class: a library can hold it (BD_CHOLESKY_INSTANTIATIONS)
 
-  Matrix L_, update_;
+  Matrix L_, Lt_, update_;
   double norm1_ = 0;
   bool ok_ = false;
 };
@@ -130,6 +134,7 @@ void Cholesky<T>::factor(Workspace& ws) {
     }
   }
   for (Index j = 1; j < n; ++j) L_.col(j).head(j).setZero();
+  if (ok_) Lt_ = L_.transpose();
 }
 
 /// F (n×k) with A ≈ F·Fᵀ for a symmetric positive semidefinite A, by Cholesky with complete
