@@ -26,17 +26,9 @@
 namespace bd::kernel {
 
 namespace detail {
-/// The skinny path (skinny.hpp) for a few rows of a column-major X, the packed one otherwise;
-/// FewRows = false: the packed one only, and the skinny one is not compiled.
-template <bool FewRows, typename Kernel, typename T, typename S>
-void gemm_on(const GemmArguments<T, S>& a, Index total, const Blocking& blk, int threads, Workspace& ws) {
-  if constexpr (FewRows) {
-    if (a.rows <= skinny_rows && !a.x_row_major) return gemm_skinny<Kernel>(a, threads);
-  }
-  gemm_packed<Kernel>(a, total, blk, threads, ws);
-}
 
-/// gemm() with FewRows as above: false for a caller whose products never have a few rows
+/// gemm() with FewRows: true, at most skinny_rows rows of a column-major X take the skinny path;
+/// false for a caller whose products never have a few rows
 /// (matmul sends those to product_small), so that a program multiplying only through it — a
 /// decomposition — compiles none of the skinny path's kernels (about 100 KB of code in the
 /// README's example).
@@ -53,7 +45,14 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
 #else
   threads = 1;
 #endif
-  on_active_kernel<T>([&](auto k) { gemm_on<FewRows, decltype(k)>(a, total, blk, threads, ws); });
+  // The skinny path (skinny.hpp) for a few rows of a column-major X, compiled per kernel and
+  // only where FewRows asks for it; the packed one otherwise, compiled once (loop.hpp).
+  if constexpr (FewRows) {
+    if (a.rows <= skinny_rows && !a.x_row_major)
+      return on_active_kernel<T>([&](auto k) { gemm_skinny<decltype(k)>(a, threads); });
+  }
+  const PackedKernel<T, S> kernel = on_active_kernel<T>([](auto k) { return packed_kernel<decltype(k), T, S>(); });
+  gemm_packed(a, total, blk, threads, kernel, ws);
 }
 }  // namespace detail
 
@@ -62,7 +61,7 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
 /// L1 (detail::depth_block).
 template <typename T>
 Index default_depth(Index depth = 0) {
-  return on_active_kernel<T>([depth](auto k) { return detail::depth_block<decltype(k), T>(depth); });
+  return on_active_kernel<T>([depth](auto k) { return detail::depth_block<T>(decltype(k)::nr, depth); });
 }
 
 /// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours

@@ -13,10 +13,13 @@
 //
 // The first depth pass starts the accumulators from init(c) (BD's basis channel, a bias or 0),
 // later passes from the output itself: the output is written once per pass, never filled.
-// Kernel is one of PortableKernel / Avx2Kernel / Avx512Kernel<T>: its tile shape (mr, nr) sets
-// the packing, its tile() does the arithmetic. Each OpenMP thread owns an equal share of the
-// columns (and of the rows when columns are few); every buffer is allocated before the
-// parallel region, so nothing inside it can throw.
+// The loop nest is the same for every instruction set; what differs is held in a PackedKernel
+// (BLIS's context): the micro-kernel's tile shape (mr, nr), its tile() and the packing for that
+// shape, taken from PortableKernel / Avx2Kernel / Avx512Kernel<T> when the product runs. So a
+// program compiles this nest once per scalar type, not once per (instruction set, scalar type):
+// a third of the code, and of the compile time, of every product preparation runs. Each OpenMP
+// thread owns an equal share of the columns (and of the rows when columns are few); every
+// buffer is allocated before the parallel region, so nothing inside it can throw.
 #pragma once
 
 #include <algorithm>
@@ -80,32 +83,63 @@ inline bool piece_pass(const Segment& seg, Index kc, Index p, Index& k0, Index& 
   return true;
 }
 
-/// Packs pass `p` of B for every piece of a block, one after the other (see pack_b).
+/// The largest tile of any micro-kernel (AVX-512's float tile, 32 × 12): the loop nest's
+/// per-tile arrays are this size whichever kernel runs.
+inline constexpr Index max_tile_rows = 32, max_tile_columns = 12;
+
+/// A micro-kernel as the packed GEMM uses it: its tile shape, whether tile() computes fewer than
+/// nr columns when asked (else a partial tile goes through a zero-padded copy), tile() itself
+/// and the packing of A and B into its panels (pack.hpp, compiled for its shape). Calls through
+/// these pointers cost one indirect call per micro-tile (mr·nr·kc multiply-adds, thousands) or
+/// per packed panel.
+template <typename T, typename S>
+struct PackedKernel {
+  Index mr = 0, nr = 0;
+  bool any_width = false;
+  void (*tile)(Index columns, Index kc, const T* A, const T* B, const T* const* src, const T* values, T* const* dst) = nullptr;
+  void (*pack_a)(const GemmArguments<T, S>& a, const Segment& seg, Index r0, Index m, Index k0, Index kn, T* packed) = nullptr;
+  void (*pack_b)(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn, T* packed) = nullptr;
+};
+
+/// Kernel's PackedKernel for a product with B stored in S.
 template <typename Kernel, typename T, typename S>
-void pack_block_pass(const GemmArguments<T, S>& a, const Block& block, const Blocking& blk, Index p, T* packed) {
+PackedKernel<T, S> packed_kernel() {
+  static_assert(Kernel::mr <= max_tile_rows && Kernel::nr <= max_tile_columns, "loop.hpp: raise max_tile_rows/columns");
+  PackedKernel<T, S> k;
+  k.mr = Kernel::mr, k.nr = Kernel::nr, k.any_width = Kernel::any_width;
+  k.tile = &Kernel::tile;
+  k.pack_a = &pack_a<Kernel::mr, T, S>;
+  k.pack_b = &pack_b<Kernel::nr, T, S>;
+  return k;
+}
+
+/// Packs pass `p` of B for every piece of a block, one after the other (see pack_b).
+template <typename T, typename S>
+void pack_block_pass(const GemmArguments<T, S>& a, const Block& block, const Blocking& blk, Index p, const PackedKernel<T, S>& kernel,
+                     T* packed) {
   for (const Piece& piece : block.pieces) {
     const Segment& seg = a.segments[static_cast<std::size_t>(piece.segment)];
     Index k0, kn;
     if (!piece_pass(seg, pass_depth(seg.depth, blk.kc), p, k0, kn)) continue;
-    pack_b<Kernel::nr>(a, piece.c0, piece.w, k0, kn, packed);
-    packed += kn * round_up(piece.w, Kernel::nr);
+    kernel.pack_b(a, piece.c0, piece.w, k0, kn, packed);
+    packed += kn * round_up(piece.w, kernel.nr);
   }
 }
 
 /// Rows [r0, r1) of pass `p` of one block; packed_b holds that pass of the block's B, pieces one
 /// after the other. The first pass starts the accumulators from init(c), later ones from the
 /// output.
-template <typename Kernel, typename T, typename S>
+template <typename T, typename S>
 void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, Index r0, Index r1, const Blocking& blk,
-                    const T* packed_b, T* packed_a) {
-  constexpr Index MR = Kernel::mr, NR = Kernel::nr;
+                    const PackedKernel<T, S>& kernel, const T* packed_b, T* packed_a) {
+  const Index MR = kernel.mr, NR = kernel.nr;
   // Equal row blocks of whole micro-tiles, at most blk.mc rows each (256 rows and mc = 144: two
   // blocks of 128, not 144 + 112 with a half-empty tile).
   const Index row_blocks = std::max<Index>(1, (r1 - r0 + blk.mc - 1) / std::max<Index>(1, blk.mc));
   const Index mc = round_up((r1 - r0 + row_blocks - 1) / row_blocks, MR);
   const auto out_column = [&](Index c) { return a.out + (a.out_columns ? a.out_columns[c] : c) * a.ldo; };
   const bool first = p == 0;
-  T edge[MR * NR];  // a partial micro-tile computes here and copies its valid part out
+  T edge[max_tile_rows * max_tile_columns];  // a partial micro-tile computes here and copies its valid part out
   for (Index r = r0; r < r1; r += mc) {
     const Index m = std::min(mc, r1 - r);
     Index packed_segment = -1;  // whose channels packed_a holds for these rows and this pass
@@ -115,7 +149,7 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
       Index k0, kn;
       if (!piece_pass(seg, pass_depth(seg.depth, blk.kc), p, k0, kn)) continue;
       if (packed_segment != piece.segment) {
-        pack_a<MR>(a, seg, r, m, k0, kn, packed_a);
+        kernel.pack_a(a, seg, r, m, k0, kn, packed_a);
         packed_segment = piece.segment;
       }
       for (Index j0 = 0; j0 < piece.w; j0 += NR, panel_b += NR * kn) {
@@ -124,9 +158,9 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
         for (Index i0 = 0; i0 < m; i0 += MR) {
           const Index mi = std::min(MR, m - i0), row = r + i0;
           if (a.lower_only && row + mi <= c) continue;  // strictly above the diagonal: not wanted
-          const T* src[NR];
-          T* dst[NR];
-          T values[NR];
+          const T* src[max_tile_columns];
+          T* dst[max_tile_columns];
+          T values[max_tile_columns];
           bool from_values = false;
           for (Index j = 0; j < nj; ++j) {
             dst[j] = out_column(c + j) + row;
@@ -139,16 +173,16 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
               values[j] = a.init_values ? a.init_values[c + j] : T(0);
             }
           }
-          if (mi == MR && (nj == NR || Kernel::any_width)) {
-            Kernel::tile(nj, kn, packed_a + i0 * kn, panel_b, from_values ? nullptr : src, values, dst);
+          if (mi == MR && (nj == NR || kernel.any_width)) {
+            kernel.tile(nj, kn, packed_a + i0 * kn, panel_b, from_values ? nullptr : src, values, dst);
             continue;
           }
-          T* local[NR];  // zero-padded copy of the tile's start, all NR columns computed
+          T* local[max_tile_columns];  // zero-padded copy of the tile's start, all NR columns computed
           for (Index j = 0; j < NR; ++j) {
             local[j] = edge + j * MR;
             for (Index i = 0; i < MR; ++i) local[j][i] = i < mi && j < nj ? (from_values ? values[j] : src[j][i]) : T(0);
           }
-          Kernel::tile(NR, kn, packed_a + i0 * kn, panel_b, local, static_cast<const T*>(nullptr), local);
+          kernel.tile(NR, kn, packed_a + i0 * kn, panel_b, local, static_cast<const T*>(nullptr), local);
           for (Index j = 0; j < nj; ++j) std::copy(local[j], local[j] + mi, dst[j]);
         }
       }
@@ -189,9 +223,9 @@ struct PackingSpace : ScratchBuffer<T> {
 /// same product at depth 512 ran 1–7 % faster in one pass of 512 than in two of 256 (four
 /// alternated runs), while deeper products (1638, 4096) ran 2 % faster in passes of ≤ 448 than
 /// of ≤ 512 — the store and reload a second pass costs is what the larger panel saves.
-template <typename Kernel, typename T>
-Index depth_block(Index depth = 0) {
-  const Index panel = Kernel::nr * Index(sizeof(T)), l1 = Index(l1d_bytes());
+template <typename T>
+Index depth_block(Index nr, Index depth = 0) {
+  const Index panel = nr * Index(sizeof(T)), l1 = Index(l1d_bytes());
   const Index streamed = std::clamp<Index>(l1 * 2 / 3 / panel / 8 * 8, 384, 512);
   const Index whole = std::min<Index>(l1 * 3 / 4 / panel, 512);
   return depth > streamed && depth <= whole ? depth : streamed;
@@ -201,14 +235,15 @@ Index depth_block(Index depth = 0) {
 /// side) into `column_groups` equal ranges, cut anywhere, and the rows into threads /
 /// column_groups equal ranges only when the columns are too narrow to give every thread four
 /// micro-panels. A thread packs each B block of its range once, so B is packed once in all.
-template <typename Kernel, typename T, typename S>
-void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& asked, int threads, Workspace& ws) {
-  constexpr Index MR = Kernel::mr, NR = Kernel::nr;
+template <typename T, typename S>
+void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& asked, int threads, const PackedKernel<T, S>& kernel,
+                 Workspace& ws) {
+  const Index MR = kernel.mr, NR = kernel.nr;
   Blocking blk = asked;
   if (blk.kc <= 0) {
     Index deepest = 0;
     for (const auto& seg : a.segments) deepest = std::max(deepest, seg.depth);
-    blk.kc = depth_block<Kernel, T>(deepest);
+    blk.kc = depth_block<T>(NR, deepest);
   }
   Index max_kc = 1, passes = 1;
   for (const auto& seg : a.segments) {
@@ -251,8 +286,8 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
       if (r0 >= r1) continue;
       for (const Block& block : column_blocks[static_cast<std::size_t>(w % column_groups)]) {
         for (Index p = 0; p < passes; ++p) {
-          pack_block_pass<Kernel>(a, block, blk, p, packed_b);
-          run_block_pass<Kernel>(a, block, p, r0, r1, blk, packed_b, packed_a);
+          pack_block_pass(a, block, blk, p, kernel, packed_b);
+          run_block_pass(a, block, p, r0, r1, blk, kernel, packed_b, packed_a);
         }
       }
     }
