@@ -28,8 +28,17 @@
 #define BD_KERNEL_X86 1
 // Per-function instruction sets. AVX-512 kernels ask for the same four extensions the CPU check
 // requires, so that nothing they inline can need more than was verified.
-#define BD_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define BD_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+// The kernels are vectorised by hand; GCC's loop vectoriser would only vectorise their scalar
+// tails again (a vector loop and an epilogue per tail): 18 KB of the README's example's 455 KB
+// of code, with no difference in the kernels' speed (Zen 4, both instruction sets). Clang has
+// no such attribute.
+#if defined(__clang__)
+#define BD_HAND_VECTORISED
+#else
+#define BD_HAND_VECTORISED , optimize("no-tree-loop-vectorize")
+#endif
+#define BD_TARGET_AVX2 __attribute__((target("avx2,fma,f16c") BD_HAND_VECTORISED))
+#define BD_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c") BD_HAND_VECTORISED))
 #include <cpuid.h>
 #endif
 
