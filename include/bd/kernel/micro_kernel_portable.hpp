@@ -1,5 +1,8 @@
-// bd/kernel/micro_kernel_portable.hpp — the micro-kernels in plain C++: any CPU, any compiler,
-// any arithmetic type. The reference the SIMD kernels are tested against, and the fallback.
+// bd/kernel/micro_kernel_portable.hpp — the micro-kernels without an instruction-set attribute:
+// any CPU, any compiler, any arithmetic type; the fallback where neither AVX2 nor AVX-512 is.
+// Under GCC and Clang, float and double run micro_kernel_simd.inc's bodies on 16-byte vectors
+// of the compilers' vector extension (the target's baseline: SSE2 on x86-64, NEON on AArch64,
+// scalars where there is none); other types and compilers on one scalar at a time.
 //
 // Every ISA provides the same two operations (see micro_kernel_avx2.hpp for the contract):
 //   tile      acc(MR × NR) = start; acc += A·B over kc; dst = acc   (packed A and B)
@@ -10,7 +13,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "bd/kernel/arguments.hpp"
@@ -18,8 +23,8 @@
 namespace bd::kernel {
 namespace portable {
 
-/// micro_kernel_simd.inc's operations on one scalar (lanes = 1): its bodies compiled in plain
-/// C++, for the kernels written only there (qr_pivots).
+/// micro_kernel_simd.inc's operations on one scalar (lanes = 1): its bodies in plain C++, for
+/// types other than float and double and compilers without the vector extension.
 template <typename T>
 struct Ops {
   using V = T;
@@ -36,7 +41,55 @@ struct Ops {
   static V exp(V x) { return std::exp(x); }
 };
 
+#if defined(__GNUC__) || defined(__clang__)
+#define BD_PORTABLE_VECTORS 1
+/// micro_kernel_simd.inc's operations on 16 bytes of T (4 floats, 2 doubles) through the vector
+/// extension GCC and Clang share. Loads and stores go through memcpy (unaligned, no aliasing
+/// assumption); max selects by the comparison's mask, as the scalar a < b ? b : a does.
+template <typename T>
+struct VectorOps {
+  typedef T V __attribute__((vector_size(16)));
+  static constexpr Index lanes = Index(16 / sizeof(T));
+  static V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(T* p, V v) { std::memcpy(p, &v, sizeof v); }
+  static V set1(T s) { return V{} + s; }
+  static V fma(V a, V b, V c) { return a * b + c; }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V mul(V a, V b) { return a * b; }
+  static V max(V a, V b) {
+    using Mask = decltype(a < b);
+    const Mask take_b = a < b;
+    return (V)(((Mask)b & take_b) | ((Mask)a & ~take_b));
+  }
+  /// Σ of the lanes pairwise, as the AVX kernels' horizontal sums.
+  static T sum(V v) {
+    if constexpr (lanes == 4) return (v[0] + v[2]) + (v[1] + v[3]);
+    else return v[0] + v[1];
+  }
+  static V exp(V x) {
+    for (Index i = 0; i < lanes; ++i) x[i] = std::exp(x[i]);
+    return x;
+  }
+};
+template <typename T>
+using OpsFor = std::conditional_t<std::is_same_v<T, float> || std::is_same_v<T, double>, VectorOps<T>, Ops<T>>;
+// The bodies are vectorised by hand here too: GCC's loop vectoriser would only vectorise their
+// scalar tails again (see cpu.hpp's BD_HAND_VECTORISED).
+#if defined(__clang__)
 #define BD_KERNEL_TARGET
+#else
+#define BD_KERNEL_TARGET __attribute__((optimize("no-tree-loop-vectorize")))
+#endif
+#else
+template <typename T>
+using OpsFor = Ops<T>;
+#define BD_KERNEL_TARGET
+#endif
 #include "bd/kernel/micro_kernel_simd.inc"
 #undef BD_KERNEL_TARGET
 
@@ -44,6 +97,7 @@ struct Ops {
 
 template <typename T>
 struct PortableKernel {
+  using Ops = portable::OpsFor<T>;
   static constexpr Index mr = 8;
   static constexpr Index nr = 4;
   static constexpr bool any_width = false;  ///< tile() always computes all NR columns
@@ -70,33 +124,26 @@ struct PortableKernel {
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c] for i < count ≤ 4 and
   /// c < columns, rows contiguous with stride depth, B's columns with stride ldb.
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
-    dot_rows(count, rows, depth, depth, b, ldb, columns, result);
+    portable::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result);
   }
   /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
   static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) {
-    for (Index c = 0; c < columns; ++c, b += ldb)
-      for (Index i = 0; i < count; ++i) {
-        T sum(0);
-        const T* row = rows + i * ldr;
-        for (Index k = 0; k < depth; ++k) sum += row[k] * b[k];
-        result[c * 4 + i] = sum;
-      }
+    portable::dot_columns<Ops>(count, rows, ldr, depth, b, ldb, columns, result);
   }
 
   /// Few-row attention's scores, K read in place: s[i·lds + j] (+)= Σ_c k[c·ldk + j]·q[c·ldq + i],
   /// i < count ≤ 4, j < n, c < depth; `start`: from zero.
   static void column_scores(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
                             bool start) {
-    portable::column_scores<portable::Ops<T>>(count, n, depth, k, ldk, q, ldq, s, lds, start);
+    portable::column_scores<Ops>(count, n, depth, k, ldk, q, ldq, s, lds, start);
   }
-  /// Flash attention (flash_attention.hpp): micro_kernel_simd.inc's softmax step and rescaling
-  /// one scalar at a time.
+  /// Flash attention (flash_attention.hpp): micro_kernel_simd.inc's softmax step and rescaling.
   static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) {
-    portable::softmax_panel<mr, portable::Ops<T>>(s, n, m, l, alpha);
+    portable::softmax_panel<mr, Ops>(s, n, m, l, alpha);
   }
-  static void scale_panel(T* o, Index columns, const T* alpha) { portable::scale_panel<mr, portable::Ops<T>>(o, columns, alpha); }
-  static void softmax_row(T* s, Index n, T* m, T* l, T* alpha) { portable::softmax_row<portable::Ops<T>>(s, n, m, l, alpha); }
-  static constexpr Index lanes() { return 1; }
+  static void scale_panel(T* o, Index columns, const T* alpha) { portable::scale_panel<mr, Ops>(o, columns, alpha); }
+  static void softmax_row(T* s, Index n, T* m, T* l, T* alpha) { portable::softmax_row<Ops>(s, n, m, l, alpha); }
+  static constexpr Index lanes() { return Ops::lanes; }
 
   /// P·A = L·U in place for a small row-major A: micro_kernel_simd.inc's lu_rows with scalars
   /// (same layout, pivots and multipliers; the padding and scratch row are not read).
@@ -129,12 +176,11 @@ struct PortableKernel {
 
   /// L⁻¹ of a small lower-triangular L, row by row (inverse.hpp).
   static void lower_inverse_rows(const T* L, Index rs, Index cs, Index n, bool unit, T* work, Index ld, T* out, Index ldo) {
-    portable::lower_inverse_rows<portable::Ops<T>>(L, rs, cs, n, unit, work, ld, out, ldo);
+    portable::lower_inverse_rows<Ops>(L, rs, cs, n, unit, work, ld, out, ldo);
   }
-  /// The pivots of QR with column pivoting (pivoted_qr.hpp): micro_kernel_simd.inc's qr_pivots
-  /// one scalar at a time.
+  /// The pivots of QR with column pivoting (pivoted_qr.hpp): micro_kernel_simd.inc's qr_pivots.
   static void qr_pivots(T* a, Index rows, Index ld, Index cols, Index count, Index* perm, T* diag, T* scratch) {
-    portable::qr_pivots<portable::Ops<T>>(a, rows, ld, cols, count, perm, diag, scratch);
+    portable::qr_pivots<Ops>(a, rows, ld, cols, count, perm, diag, scratch);
   }
 };
 
