@@ -2,9 +2,10 @@
 // runs on (cpu.hpp's active_isa()): the one place that turns the run-time choice into a type.
 //
 //   on_active_kernel<T>([&](auto k) { k.lu_rows(a, n, ld, perm); });             // a static routine
-//   on_active_kernel<T>([&](auto k) { gemm_skinny<decltype(k)>(args, threads); }); // a template over it
 //   on_active_kernel<T>([](auto k) { return packed_kernel<decltype(k), T, S>(); }); // its context, for
 //                                                      // a loop compiled once per scalar (loop.hpp)
+// Every loop over micro-tiles takes such a context (PackedKernel, FlashTileKernel, FewRowKernel),
+// so only the routines themselves are compiled once per instruction set.
 //
 // k is Avx512Kernel<T>, Avx2Kernel<T> or PortableKernel<T> (empty structs of static routines);
 // the wide ones exist for float and double on x86, every other case runs the portable one.

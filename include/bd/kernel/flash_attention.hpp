@@ -40,6 +40,7 @@
 #include "bd/kernel/arguments.hpp"
 #include "bd/kernel/cpu.hpp"
 #include "bd/kernel/dispatch.hpp"
+#include "bd/kernel/few_row_kernel.hpp"
 #include "bd/kernel/pack.hpp"
 
 #ifdef _OPENMP
@@ -146,9 +147,81 @@ void merge_key_chunks(const AttentionArguments<T>& a, Index chunks, const T* par
   }
 }
 
+/// A key block's keys as NR-key panels, k-major: kp[j0·D + c·NR + j] = [k | k_rope](k0 + j0 + j, c),
+/// zero past bk. Channel by channel, so each of K's columns is read in one run of bk keys (D
+/// concurrent strided streams, one per channel, defeat the prefetcher: 3–5× slower when K comes
+/// from memory).
+template <Index NR, typename T>
+void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp) {
+  const Index D = a.d_qk + a.d_rope;
+  for (Index c = 0; c < D; ++c) {
+    const T* from = c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 : a.kr + (c - a.d_qk) * a.ldkr + k0;
+    for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
+      const Index nj = std::min(NR, bk - j0);
+      T* to = kp + j0 * D + c * NR;
+      if (nj == NR) {  // a fixed-length copy the compiler unrolls: std::copy of NR values was a memmove call each
+        for (Index j = 0; j < NR; ++j) to[j] = from[j0 + j];
+        continue;
+      }
+      std::copy(from + j0, from + j0 + nj, to);
+      std::fill(to + nj, to + NR, T(0));
+    }
+  }
+}
+
+/// A key block's values as NR-channel panels, k-major: vp[c0·bk + k·NR + j] = v(k0 + k, c0 + j),
+/// zero past d_v.
+template <Index NR, typename T>
+void pack_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp) {
+  const Index dv = a.d_v;
+  for (Index c0 = 0; c0 < round_up(dv, NR); c0 += NR) {
+    const Index nc = std::min(NR, dv - c0);
+    const auto column = [&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; };
+    T* panel = vp + c0 * bk;
+    Index j = transpose_runs<NR, T, T>(column, nc, bk, panel);
+    for (; j < NR; ++j) {
+      if (j >= nc) {
+        for (Index k = 0; k < bk; ++k) panel[k * NR + j] = T(0);
+        continue;
+      }
+      const T* col = column(j);
+      for (Index k = 0; k < bk; ++k) panel[k * NR + j] = col[k];
+    }
+  }
+}
+
+/// What the tiled path (flash_attention_on) needs of a micro-kernel: its tile shape, tile(), the
+/// softmax step and rescaling of an MR-row panel, and the packing of keys and values, compiled
+/// for its NR. The loop is the same for every instruction set, so it is compiled once per scalar
+/// type and calls these through pointers (one indirect call per NR keys or channels of an MR-row
+/// panel, each over the whole depth) — as the packed GEMM's PackedKernel (loop.hpp) and the
+/// few-row paths' FewRowKernel (few_row_kernel.hpp).
+template <typename T>
+struct FlashTileKernel {
+  Index mr = 0, nr = 0;
+  void (*tile)(Index columns, Index kc, const T* A, const T* B, const T* const* src, const T* values, T* const* dst) = nullptr;
+  void (*softmax_panel)(T* s, Index n, T* m, T* l, T* alpha) = nullptr;
+  void (*scale_panel)(T* o, Index columns, const T* alpha) = nullptr;
+  void (*pack_keys)(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp) = nullptr;
+  void (*pack_values)(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp) = nullptr;
+};
+
 template <typename Kernel, typename T>
-void flash_attention_on(const AttentionArguments<T>& whole, int threads, FlashScratch<T>& scratch) {
-  constexpr Index MR = Kernel::mr, NR = Kernel::nr;
+FlashTileKernel<T> flash_tile_kernel() {
+  static_assert(Kernel::mr <= max_tile_rows && Kernel::nr <= max_tile_columns, "pack.hpp: raise max_tile_rows/columns");
+  FlashTileKernel<T> k;
+  k.mr = Kernel::mr, k.nr = Kernel::nr;
+  k.tile = &Kernel::tile;
+  k.softmax_panel = &Kernel::softmax_panel;
+  k.scale_panel = &Kernel::scale_panel;
+  k.pack_keys = &pack_key_panels<Kernel::nr, T>;
+  k.pack_values = &pack_value_panels<Kernel::nr, T>;
+  return k;
+}
+
+template <typename T>
+void flash_attention_on(const AttentionArguments<T>& whole, int threads, const FlashTileKernel<T>& kernel, FlashScratch<T>& scratch) {
+  const Index MR = kernel.mr, NR = kernel.nr;
   const Index groups = std::lcm(whole.n_k, whole.n_v), group = whole.n_q / groups;  // heads sharing a key and a value head
   const Index rows = group * whole.q_len, D = whole.d_qk + whole.d_rope, dv = whole.d_v;
   const Index chunks = key_chunks(whole, rows);
@@ -207,8 +280,11 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, FlashSc
       const bool rope = k >= whole.d_qk;
       const T* from = rope ? whole.qr + (k - whole.d_qk) * whole.ldqr : whole.q + k * whole.ldq;
       const Index head_stride = rope ? whole.d_rope * whole.ldqr : whole.d_qk * whole.ldq;
-      for (Index i = 0; i < nrows; ++i) to[(i / MR) * MR * D + i % MR] = from[head[i] * head_stride + token[i]] * whole.scale;
-      for (Index i = nrows; i < Bq; ++i) to[(i / MR) * MR * D + i % MR] = T(0);
+      // Row i = p0 + t of the block sits at qp[p0·D + k·MR + t] (panel by panel: MR is a run-time
+      // value here, and a division per element cost 5–10 % of a causal prefill).
+      for (Index p0 = 0; p0 < Bq; p0 += MR)
+        for (Index t = 0, i = p0; t < MR; ++t, ++i)
+          to[p0 * D + t] = i < nrows ? from[head[i] * head_stride + token[i]] * whole.scale : T(0);
     }
   };
   // Split keys: each task's rows and queries once for all of its chunks (they do not depend on
@@ -264,44 +340,16 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, FlashSc
       // A row that has seen no key yet (max −∞) starts from out = 0 (see row_max): nothing to
       // read. A single call with statistics (training's forward keeps ℓ) reads nothing.
       for (Index c = 0; c < dv; ++c)
-        for (Index i = 0; i < nrows; ++i)
-          if (m[i] != -std::numeric_limits<T>::infinity())
-            op[(i / MR) * MR * dv_padded + c * MR + i % MR] = a.out[(head[i] * dv + c) * a.ldo + token[i]];
+        for (Index p0 = 0; p0 < nrows; p0 += MR)
+          for (Index t = 0, i = p0; t < MR && i < nrows; ++t, ++i)
+            if (m[i] != -std::numeric_limits<T>::infinity())
+              op[p0 * dv_padded + c * MR + t] = a.out[(head[i] * dv + c) * a.ldo + token[i]];
     }
 
     for (Index k0 = 0; k0 < k_end; k0 += Bk) {
       const Index bk = std::min(Bk, k_end - k0);
-      // Keys as NR-key panels, k-major: kp[j0·D + c·NR + j] = [k | k_rope](k0 + j0 + j, c). Channel
-      // by channel, so each of K's columns is read in one run of bk keys (D concurrent strided
-      // streams, one per channel, defeat the prefetcher: 3–5× slower when K comes from memory).
-      for (Index c = 0; c < D; ++c) {
-        const T* from = c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 : a.kr + (c - a.d_qk) * a.ldkr + k0;
-        for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
-          const Index nj = std::min(NR, bk - j0);
-          T* to = kp + j0 * D + c * NR;
-          if (nj == NR) {  // a fixed-length copy the compiler unrolls: std::copy of NR values was a memmove call each
-            for (Index j = 0; j < NR; ++j) to[j] = from[j0 + j];
-            continue;
-          }
-          std::copy(from + j0, from + j0 + nj, to);
-          std::fill(to + nj, to + NR, T(0));
-        }
-      }
-      // Values as NR-channel panels, k-major: vp[c0·bk + k·NR + j] = v(k0 + k, c0 + j).
-      for (Index c0 = 0; c0 < dv_padded; c0 += NR) {
-        const Index nc = std::min(NR, dv - c0);
-        const auto column = [&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; };
-        T* panel = vp + c0 * bk;
-        Index j = transpose_runs<NR, T, T>(column, nc, bk, panel);
-        for (; j < NR; ++j) {
-          if (j >= nc) {
-            for (Index k = 0; k < bk; ++k) panel[k * NR + j] = T(0);
-            continue;
-          }
-          const T* col = column(j);
-          for (Index k = 0; k < bk; ++k) panel[k * NR + j] = col[k];
-        }
-      }
+      kernel.pack_keys(a, kh, k0, bk, kp);
+      kernel.pack_values(a, vh, k0, bk, vp);
       for (Index p = 0; p < panels; ++p) {
         const Index* row_pos = row_info + p * MR;
         if (p * MR >= nrows) break;
@@ -317,21 +365,21 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, FlashSc
         T* s = sp + p * MR * round_up(Bk, NR);
         // S = Q·Kᵀ, key-major (column j of the tile is key j): the packed A of P·V.
         for (Index j0 = 0; j0 < kn; j0 += NR) {
-          T* dst[NR];
+          T* dst[max_tile_columns];
           for (Index j = 0; j < NR; ++j) dst[j] = s + (j0 + j) * MR;
-          Kernel::tile(std::min(NR, bk - j0), D, queries + p * MR * D, kp + j0 * D, nullptr, nullptr, dst);
+          kernel.tile(std::min(NR, bk - j0), D, queries + p * MR * D, kp + j0 * D, nullptr, nullptr, dst);
         }
         if (lowest < key0 + kn - 1)  // the causal diagonal crosses this block: mask keys after each row
           for (Index i = 0; i < MR; ++i)
             for (Index k = std::max<Index>(0, row_pos[i] + 1 - key0); k < kn; ++k)
               s[k * MR + i] = -std::numeric_limits<T>::infinity();
-        Kernel::softmax_panel(s, kn, m + p * MR, l + p * MR, alpha + p * MR);
+        kernel.softmax_panel(s, kn, m + p * MR, l + p * MR, alpha + p * MR);
         T* o = op + p * MR * dv_padded;
-        Kernel::scale_panel(o, dv, alpha + p * MR);
+        kernel.scale_panel(o, dv, alpha + p * MR);
         for (Index c0 = 0; c0 < dv; c0 += NR) {
-          T* cols[NR];
+          T* cols[max_tile_columns];
           for (Index j = 0; j < NR; ++j) cols[j] = o + (c0 + j) * MR;
-          Kernel::tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, cols, nullptr, cols);
+          kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, cols, nullptr, cols);
         }
       }
     }
@@ -341,42 +389,22 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, FlashSc
       alpha[i] = streaming ? T(1) : T(1) / l[i];
       if (streaming) a.row_max[head[i] * a.q_len + token[i]] = m[i], a.row_sum[head[i] * a.q_len + token[i]] = l[i];
     }
-    const auto unpack = [&](Index i, Index c) {
-      a.out[(head[i] * dv + c) * a.ldo + token[i]] = op[(i / MR) * MR * dv_padded + c * MR + i % MR] * alpha[i];
+    // Row i = p0 + t, channel c at op[p0·dv_padded + c·MR + t].
+    const auto unpack = [&](Index p0, Index t, Index c) {
+      const Index i = p0 + t;
+      a.out[(head[i] * dv + c) * a.ldo + token[i]] = op[p0 * dv_padded + c * MR + t] * alpha[i];
     };
     if (a.q_len == 1) {  // one token per head (decoding): a row's channels lie next to each other
-      for (Index i = 0; i < nrows; ++i)
-        for (Index c = 0; c < dv; ++c) unpack(i, c);
+      for (Index p0 = 0; p0 < nrows; p0 += MR)
+        for (Index t = 0; t < MR && p0 + t < nrows; ++t)
+          for (Index c = 0; c < dv; ++c) unpack(p0, t, c);
     } else {
       for (Index c = 0; c < dv; ++c)
-        for (Index i = 0; i < nrows; ++i) unpack(i, c);
+        for (Index p0 = 0; p0 < nrows; p0 += MR)
+          for (Index t = 0; t < MR && p0 + t < nrows; ++t) unpack(p0, t, c);
     }
   }
   if (chunks > 1) merge_key_chunks(whole, chunks, parts[0].out, threads);
-}
-
-/// What the few-row path (below) needs of a micro-kernel: its vector width and three routines.
-/// The path's loop is the same for every instruction set, so it is compiled once per scalar type
-/// and calls these through pointers (one indirect call per four rows and block of keys, or per
-/// row) instead of once per (ISA, scalar): 24 KB less code in a program that decodes. The same
-/// pattern as the packed GEMM's PackedKernel (loop.hpp), one context per loop.
-template <typename T>
-struct FewRowKernel {
-  Index lanes = 1;  // softmax_row takes whole vectors of this many scores
-  void (*column_scores)(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
-                        bool start) = nullptr;
-  void (*softmax_row)(T* s, Index n, T* m, T* l, T* alpha) = nullptr;
-  void (*dot_rows)(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) = nullptr;
-};
-
-template <typename Kernel, typename T>
-FewRowKernel<T> few_row_kernel() {
-  FewRowKernel<T> k;
-  k.lanes = Kernel::lanes();
-  k.column_scores = &Kernel::column_scores;
-  k.softmax_row = &Kernel::softmax_row;
-  k.dot_rows = &Kernel::dot_rows;
-  return k;
 }
 
 /// Few query rows per key/value head (decoding, GQA decoding: group·Lq ≤ 8): the tile path would
@@ -478,12 +506,6 @@ void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const
 /// The rows per key/value head up to which the few-row path runs (flash_attention_few_rows).
 constexpr Index few_rows_limit() { return 8; }
 
-template <typename Kernel, typename T>
-void flash_attention_dispatch(const AttentionArguments<T>& a, int threads, FlashScratch<T>& scratch) {
-  const Index rows = a.n_q / std::lcm(a.n_k, a.n_v) * a.q_len;
-  if (rows <= few_rows_limit()) return flash_attention_few_rows(a, threads, few_row_kernel<Kernel, T>(), scratch);
-  flash_attention_on<Kernel>(a, threads, scratch);
-}
 
 }  // namespace detail
 
@@ -516,7 +538,12 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0, Workspace&
   threads = 1;
 #endif
   detail::FlashScratch<T>& scratch = ws.local<detail::FlashScratch<T>>();
-  on_active_kernel<T>([&](auto k) { detail::flash_attention_dispatch<decltype(k)>(a, threads, scratch); });
+  const Index rows = a.n_q / std::lcm(a.n_k, a.n_v) * a.q_len;  // per key/value head
+  if (rows <= detail::few_rows_limit())
+    return detail::flash_attention_few_rows(
+        a, threads, on_active_kernel<T>([](auto k) { return detail::few_row_kernel<decltype(k), T>(); }), scratch);
+  detail::flash_attention_on(a, threads, on_active_kernel<T>([](auto k) { return detail::flash_tile_kernel<decltype(k), T>(); }),
+                             scratch);
 }
 
 /// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.

@@ -45,11 +45,11 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
 #else
   threads = 1;
 #endif
-  // The skinny path (skinny.hpp) for a few rows of a column-major X, compiled per kernel and
-  // only where FewRows asks for it; the packed one otherwise, compiled once (loop.hpp).
+  // The skinny path (skinny.hpp) for a few rows of a column-major X, compiled only where
+  // FewRows asks for it; the packed one otherwise (loop.hpp). Each loop once per scalar type.
   if constexpr (FewRows) {
     if (a.rows <= skinny_rows && !a.x_row_major)
-      return on_active_kernel<T>([&](auto k) { gemm_skinny<decltype(k)>(a, threads); });
+      return gemm_skinny(a, threads, on_active_kernel<T>([](auto k) { return few_row_kernel<decltype(k), T>(); }));
   }
   const PackedKernel<T, S> kernel = on_active_kernel<T>([](auto k) { return packed_kernel<decltype(k), T, S>(); });
   gemm_packed(a, total, blk, threads, kernel, ws);

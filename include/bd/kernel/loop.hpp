@@ -84,10 +84,6 @@ inline bool piece_pass(const Segment& seg, Index kc, Index p, Index& k0, Index& 
   return true;
 }
 
-/// The largest tile of any micro-kernel (AVX-512's float tile, 32 × 12): the loop nest's
-/// per-tile arrays are this size whichever kernel runs.
-inline constexpr Index max_tile_rows = 32, max_tile_columns = 12;
-
 /// A micro-kernel as the packed GEMM uses it: its tile shape, whether tile() computes fewer than
 /// nr columns when asked (else a partial tile goes through a zero-padded copy), tile() itself
 /// and the packing of A and B into its panels (pack.hpp, compiled for its shape). Calls through

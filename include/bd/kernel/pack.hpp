@@ -28,6 +28,10 @@ namespace bd::kernel::detail {
 
 inline Index round_up(Index value, Index multiple) { return (value + multiple - 1) / multiple * multiple; }
 
+/// The largest tile of any micro-kernel (AVX-512's float tile, 32 × 12): the loops compiled once
+/// per scalar type (loop.hpp, flash_attention.hpp) size their per-tile arrays by it.
+inline constexpr Index max_tile_rows = 32, max_tile_columns = 12;
+
 /// Splits `depth` into passes of at most `kc`, all of equal size but the last.
 inline Index pass_depth(Index depth, Index kc) {
   const Index passes = std::max<Index>(1, (depth + kc - 1) / std::max<Index>(1, kc));

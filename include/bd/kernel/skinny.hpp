@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bd/kernel/arguments.hpp"
+#include "bd/kernel/few_row_kernel.hpp"
 #include "bd/kernel/pack.hpp"
 
 #ifdef _OPENMP
@@ -35,8 +36,9 @@ inline constexpr Index skinny_group = 64;
 /// so.)
 inline constexpr Index skinny_row_run = 512;
 
-template <typename Kernel, typename T, typename S>
-void gemm_skinny(const GemmArguments<T, S>& a, int threads) {
+/// Compiled once per (T, S) and run on the active kernel's few-row routines (few_row_kernel.hpp).
+template <typename T, typename S>
+void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T>& kernel) {
   const bool by_rows = a.b_row_major;
   constexpr Index max_width = std::max(skinny_group, skinny_row_run);
   const Index width = by_rows ? skinny_row_run : skinny_group;
@@ -106,9 +108,9 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads) {
     T dots[max_width * skinny_rows];
     const T* rows = gathered.data() + offsets[static_cast<std::size_t>(group.segment)];
     if (!by_rows) {
-      Kernel::dot_columns(L, rows, seg.depth, b, ldb, group.count, dots);
+      kernel.dot_columns(L, rows, seg.depth, b, ldb, group.count, dots);
     } else if (seg.depth > 0) {
-      Kernel::column_scores(L, group.count, seg.depth, b, ldb, rows, L, dots, width, true);
+      kernel.column_scores(L, group.count, seg.depth, b, ldb, rows, L, dots, width, true);
     } else {
       std::fill(dots, dots + width * skinny_rows, T(0));
     }

@@ -1,0 +1,37 @@
+// bd/kernel/few_row_kernel.hpp — a micro-kernel's routines for products and attention of a few
+// rows (decoding), as one context per scalar type: the skinny GEMM (skinny.hpp) and the few-row
+// attention (flash_attention.hpp) read K, V and the weights where they lie through these.
+#pragma once
+
+#include "bd/kernel/arguments.hpp"
+
+namespace bd::kernel::detail {
+
+/// What the few-row paths need of a micro-kernel: its vector width and four routines. Their
+/// loops are the same for every instruction set, so each is compiled once per scalar type and
+/// calls these through pointers (one indirect call per group of columns, four rows and block of
+/// keys, or row) instead of once per (ISA, scalar). The same pattern as the packed GEMM's
+/// PackedKernel (loop.hpp) and the tiled attention's FlashTileKernel (flash_attention.hpp).
+template <typename T>
+struct FewRowKernel {
+  Index lanes = 1;  // softmax_row takes whole vectors of this many scores
+  void (*column_scores)(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
+                        bool start) = nullptr;
+  void (*softmax_row)(T* s, Index n, T* m, T* l, T* alpha) = nullptr;
+  void (*dot_rows)(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) = nullptr;
+  /// dot_rows for rows stored one after the other (the skinny GEMM: decoding's projections).
+  void (*dot_columns)(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) = nullptr;
+};
+
+template <typename Kernel, typename T>
+FewRowKernel<T> few_row_kernel() {
+  FewRowKernel<T> k;
+  k.lanes = Kernel::lanes();
+  k.column_scores = &Kernel::column_scores;
+  k.softmax_row = &Kernel::softmax_row;
+  k.dot_rows = &Kernel::dot_rows;
+  k.dot_columns = &Kernel::dot_columns;
+  return k;
+}
+
+}  // namespace bd::kernel::detail
