@@ -1,11 +1,11 @@
-// bd::compiled — preparation for double storage: the pipeline on double and on float factors with
-// each precision policy of the type, and decompose()'s (core/decompose.hpp lists them); and the
+// bd::compiled — preparation for double storage: the pipeline on double and on float factors
+// and decompose()'s (core/decompose.hpp lists them); and the
 // truncated SVD that turns a dense layer into a low-rank one (core/truncated_svd.hpp).
 #include <bd/core/decompose.hpp>
 #include <bd/core/truncated_svd.hpp>
 
 namespace bd::detail {
-BD_DECOMPOSE_DOUBLE(template)
+BD_DECOMPOSE_STORED(template, double)
 }  // namespace bd::detail
 
 namespace bd {

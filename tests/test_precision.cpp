@@ -191,6 +191,9 @@ void check_fp32_products() {
       // The accuracy is the same: where B̂ moved by an ulp its rounding error changed sides, which
       // moves the NMSE by a few percent either way (1% of the entries, each up to one ulp).
       CHECK(std::fabs(a.report().nmse - b.report().nmse) <= 0.05 * b.report().nmse);
+      // The default did run in float: its figure comes from float Grams, so it is not the double
+      // one to double's last digits (both from the same factors and, mostly, the same B̂).
+      CHECK(std::fabs(a.report().nmse - b.report().nmse) > 1e-12 * b.report().nmse);
       // And the figure is the stored B and C's exact error, ΔB's products summed block by block
       // (float Grams: 1e-4, as in test_strategies.cpp).
       const Eigen::MatrixXd W = heads.U[h] * heads.V[h].transpose();
@@ -226,5 +229,7 @@ TEST_CASE("float storage keeps B formed in double: bit-identical bases, C within
       CHECK(std::fabs(Ca(i) - Cb(i)) <= std::nextafter(hi, INFINITY) - hi);
     }
     CHECK(std::fabs(fast.head(h).report().nmse - exact.head(h).report().nmse) <= 1e-3 * exact.head(h).report().nmse);
+    // ... and the Grams did run in float: the figure is not the double one to its last digits.
+    CHECK(std::fabs(fast.head(h).report().nmse - exact.head(h).report().nmse) > 1e-12 * exact.head(h).report().nmse);
   }
 }

@@ -118,16 +118,18 @@ inline constexpr Index basis_block = 256;
 inline constexpr double well_conditioned_rcond = 1e-6;
 
 /// One fit in progress: the product and its basis, the thread's buffers and workspace, the
-/// phase times and what the stages hand on; Precision is the policy of precision.hpp. The maths is in row form; `col` (the Decomposition's column form)
+/// phase times and what the stages hand on; `precision` says which products run in float
+/// (precision.hpp). The maths is in row form; `col` (the Decomposition's column form)
 /// forms B transposed, Bᵀ = V·U_Sᵀ (n×r), so the stored result is written once in its own
 /// orientation and ΔB·ΔBᵀ is the Gram of ΔBᵀ's columns. Products of r×r and larger run on the
 /// dispatched kernel (kernel/matmul.hpp), not at the SSE2 speed Eigen has in a build without
 /// -march; solves go through explicit r×r inverses so that their many right-hand sides become
 /// products too.
-template <typename Scalar, typename Precision>
+template <typename Scalar>
 struct FitStage {
   const FactoredProduct& p;
   const bool col;
+  const Precision precision;
   Workspace& ws;
   FitBuffers& buf;
   PhaseTimes& times;
@@ -136,6 +138,10 @@ struct FitStage {
   static constexpr bool exact_basis = std::is_same_v<Scalar, double>;  // B̂ = B
 
   Index r() const { return p.r(); }
+  /// The Grams in float / B formed in float (precision.hpp): constant false where Scalar
+  /// cannot take them, so that their paths fold away there.
+  bool grams_in_float() const { return fp32_grams_possible<Scalar> && precision.fp32_grams; }
+  bool basis_in_float() const { return fp32_basis_possible<Scalar> && precision.fp32_basis; }
 
   /// B (or Bᵀ) from U_S and V's rows given: all of them, or one block of them.
   template <typename US, typename V, typename Out>
@@ -154,8 +160,8 @@ struct FitStage {
 /// Stage 1: U_S, U_R, Q_R gathered, and Q_S⁻¹ — Q_Sᵀ factored on the CPU's vectors
 /// (kernel/small_lu.hpp: panel-blocked partial pivoting and Hager's rcond estimate), its storage
 /// kept in the workspace; C = Q_R·Q_S⁻¹ later reads (Q_Sᵀ)⁻¹ transposed, in place.
-template <typename Scalar, typename Precision>
-void invert_basis_block(FitStage<Scalar, Precision>& f, const std::vector<Index>& S) {
+template <typename Scalar>
+void invert_basis_block(FitStage<Scalar>& f, const std::vector<Index>& S) {
   const std::vector<Index> R = complement(S, f.p.m());
   gather_rows(f.p.U, S, f.buf.US);
   gather_rows(f.p.U, R, f.buf.UR), gather_rows(f.p.Q, R, f.buf.QR);  // (m−r)×r, reused across products
@@ -167,12 +173,12 @@ void invert_basis_block(FitStage<Scalar, Precision>& f, const std::vector<Index>
   lu.inverse_into(f.buf.QSinv_t, f.ws);
 }
 
-/// Stage 2 with B formed in float (Fp32Products: half and bfloat16), in blocks of basis_block
+/// Stage 2 with B formed in float (half and bfloat16, basis_in_float), in blocks of basis_block
 /// entries along n (columns of B, rows of Bᵀ), each rounded to B̂ and differenced to ΔB while it
 /// and V's rows are in L2; ΔB·V and ΔB·ΔBᵀ are summed block by block in float. Nothing r×n is
 /// held but the stored B̂.
-template <typename Scalar, typename Precision>
-void form_basis_in_float_blocks(FitStage<Scalar, Precision>& f) {
+template <typename Scalar>
+void form_basis_in_float_blocks(FitStage<Scalar>& f) {
   FitBuffers& buf = f.buf;
   const Index r = f.r(), n = f.p.n();
   buf.USf = buf.US.cast<float>();
@@ -207,8 +213,8 @@ void form_basis_in_float_blocks(FitStage<Scalar, Precision>& f) {
 }
 
 /// Stage 2 with B formed in double, rounded once; ΔB kept in the type its Grams will be formed in.
-template <typename Scalar, typename Precision>
-void form_basis_in_double(FitStage<Scalar, Precision>& f) {
+template <typename Scalar>
+void form_basis_in_double(FitStage<Scalar>& f) {
   FitBuffers& buf = f.buf;
   {
     PhaseTimer timer(f.times.fit);
@@ -219,26 +225,26 @@ void form_basis_in_double(FitStage<Scalar, Precision>& f) {
   f.out.B = round_matrix<Scalar>(B);
   if constexpr (std::is_same_v<Scalar, float>) {
     // One pass, no double temporary: float storage's ΔB is only read by the fp32 Grams.
-    if constexpr (Precision::fp32_grams) buf.dBf = (f.out.B.template cast<double>() - B).template cast<float>();
+    if (f.grams_in_float()) buf.dBf = (f.out.B.template cast<double>() - B).template cast<float>();
     else buf.dB = f.out.B.template cast<double>() - B;
-  } else if constexpr (!FitStage<Scalar, Precision>::exact_basis) {
+  } else if constexpr (!FitStage<Scalar>::exact_basis) {
     buf.dB = values_as<double>(f.out.B) - B;
-    if constexpr (Precision::fp32_grams) buf.dBf = buf.dB.cast<float>();
+    if (f.grams_in_float()) buf.dBf = buf.dB.cast<float>();
   }
 }
 
 /// Stage 3: ΔB·V, ΔB·ΔBᵀ and ‖ΔB‖² in double, from whichever ΔB stage 2 left (zero for a
 /// double basis, which is exact).
-template <typename Scalar, typename Precision>
-void delta_grams(FitStage<Scalar, Precision>& f) {
+template <typename Scalar>
+void delta_grams(FitStage<Scalar>& f) {
   FitBuffers& buf = f.buf;
   const Index r = f.r();
   buf.dBV.resize(r, r), buf.dBdBt.resize(r, r);
-  if constexpr (FitStage<Scalar, Precision>::exact_basis) {
+  if constexpr (FitStage<Scalar>::exact_basis) {
     buf.dBV.setZero(), buf.dBdBt.setZero();
-  } else if constexpr (Precision::fp32_basis) {  // summed by form_basis_in_float_blocks
+  } else if (f.basis_in_float()) {  // summed by form_basis_in_float_blocks
     buf.dBV = buf.dBVf.cast<double>(), buf.dBdBt = buf.dBdBtf.cast<double>();
-  } else if constexpr (Precision::fp32_grams) {
+  } else if (f.grams_in_float()) {
     buf.dBVf.resize(r, r), buf.dBdBtf.resize(r, r);
     f.delta_products(buf.dBf, f.p.Vf(), buf.dBVf, buf.dBdBtf);
     buf.dBV = buf.dBVf.cast<double>(), buf.dBdBt = buf.dBdBtf.cast<double>();
@@ -255,8 +261,8 @@ void delta_grams(FitStage<Scalar, Precision>& f) {
 ///   C' = C − C·Y·(B̂B̂ᵀ)⁻¹ + D·(G·U_Sᵀ + (ΔB·V)ᵀ)·(B̂B̂ᵀ)⁻¹.
 /// Without D, C' = Q_R·Q_S⁻¹·(I − Y·(B̂B̂ᵀ)⁻¹): one (m−r)×r×r product for the whole fit. A
 /// dependent basis (rank-deficient V) leaves B̂B̂ᵀ singular: the unrefitted C is then kept.
-template <typename Scalar, typename Precision>
-void fit_coefficients(FitStage<Scalar, Precision>& f, bool refit) {
+template <typename Scalar>
+void fit_coefficients(FitStage<Scalar>& f, bool refit) {
   using Eigen::MatrixXd;
   FitBuffers& buf = f.buf;
   Workspace& ws = f.ws;
@@ -265,7 +271,7 @@ void fit_coefficients(FitStage<Scalar, Precision>& f, bool refit) {
   const auto QSinv = buf.QSinv_t.transpose();
   MatrixXd& C = buf.C;
   C.resize(buf.QR.rows(), r);
-  if (FitStage<Scalar, Precision>::exact_basis || !refit) return matmul_into(buf.QR, QSinv, C);
+  if (FitStage<Scalar>::exact_basis || !refit) return matmul_into(buf.QR, QSinv, C);
   const auto USt = buf.US.transpose();
   MatrixXd &GUSt = buf.GUSt, &Y = buf.Y, &BBt = buf.BBt;
   GUSt.resize(r, r), Y.resize(r, r), BBt.resize(r, r);
@@ -293,8 +299,8 @@ void fit_coefficients(FitStage<Scalar, Precision>& f, bool refit) {
 }
 
 /// Stage 5: Ĉ = round(C), in the stored orientation, and Ĉ widened back to double in row form.
-template <typename Scalar, typename Precision>
-void round_coefficients(FitStage<Scalar, Precision>& f) {
+template <typename Scalar>
+void round_coefficients(FitStage<Scalar>& f) {
   FitBuffers& buf = f.buf;
   if (f.col) buf.Ct = buf.C.transpose();
   f.out.C = round_matrix<Scalar>(f.col ? buf.Ct : buf.C);
@@ -307,8 +313,8 @@ void round_coefficients(FitStage<Scalar, Precision>& f) {
 /// with D̂ = U_R − Ĉ·U_S in double (it cancels to the size of the error), the header's
 /// ⟨D̂ᵀD̂, G⟩ − 2⟨ĈᵀD̂, ΔB·V⟩ + ⟨ĈᵀĈ, ΔB·ΔBᵀ⟩ + ‖ΔB‖². Its Grams are in float when allowed: they
 /// are already at the scale of the error, so float keeps 6 digits of it.
-template <typename Scalar, typename Precision, typename ChRow>
-double exact_error(FitStage<Scalar, Precision>& f, const ChRow& Chr) {
+template <typename Scalar, typename ChRow>
+double exact_error(FitStage<Scalar>& f, const ChRow& Chr) {
   using Eigen::MatrixXd;
   FitBuffers& buf = f.buf;
   Workspace& ws = f.ws;
@@ -318,12 +324,12 @@ double exact_error(FitStage<Scalar, Precision>& f, const ChRow& Chr) {
   Dh.resize(Chr.rows(), r);
   kernel::matmul_into(Chr, buf.US, Dh, ws);
   Dh = buf.UR - Dh;  // elementwise: reading and writing the same entry
-  if constexpr (FitStage<Scalar, Precision>::exact_basis) {
+  if constexpr (FitStage<Scalar>::exact_basis) {
     MatrixXd& DtD = buf.T;
     DtD.resize(r, r);
     kernel::gram_into(Dh, DtD, ws);
     return DtD.cwiseProduct(G).sum();
-  } else if constexpr (Precision::fp32_grams) {
+  } else if (f.grams_in_float()) {
     Eigen::MatrixXf &X = buf.X, &XtX = buf.XtX;
     X.resize(Dh.rows(), 2 * r);
     X << Dh.cast<float>(), Chr.template cast<float>();
@@ -342,17 +348,21 @@ double exact_error(FitStage<Scalar, Precision>& f, const ChRow& Chr) {
 
 /// B and C for the basis rows S of p, rounded once to Scalar, with the exact error: the stages
 /// above in order, each timed into `times` (thread-seconds of fit, round and error), its
-/// products in the precision Precision says (precision.hpp), its scratch in `ws`.
-template <typename Scalar, typename Precision>
-BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool refit, Side side, PhaseTimes& times,
-                           Workspace& ws) {
-  FitStage<Scalar, Precision> f{p, side == Side::Col, ws, ws.local<FitBuffers>(), times, {}};
+/// products in the precision `precision` says (precision.hpp), its scratch in `ws`.
+template <typename Scalar>
+BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool refit, Side side, Precision precision,
+                           PhaseTimes& times, Workspace& ws) {
+  FitStage<Scalar> f{p, side == Side::Col, precision, ws, ws.local<FitBuffers>(), times, {}};
   {
     PhaseTimer timer(times.fit);
     invert_basis_block(f, S);
   }
-  if constexpr (Precision::fp32_basis) form_basis_in_float_blocks(f);
-  else form_basis_in_double(f);
+  if constexpr (fp32_basis_possible<Scalar>) {
+    if (f.basis_in_float()) form_basis_in_float_blocks(f);
+    else form_basis_in_double(f);
+  } else {
+    form_basis_in_double(f);
+  }
   {
     PhaseTimer timer(times.round);
     require_representable<Scalar>(f.out.B, "basis", p.name);

@@ -121,20 +121,26 @@ void validate_factors(const std::vector<MatrixU>& Us, const std::vector<MatrixV>
 }
 
 /// One product of a set factored for ranking into p (factored_product.hpp), reusing p's storage,
-/// V held in the precisions Precision's products read it in: in double for B in double or the
-/// Grams in double, in float for either in float — a float V is then the caller's own, read in
-/// place (it outlives the product), any other type rounded.
-template <typename Precision, typename MatrixU, typename MatrixV>
-void factor_one(FactoredProduct& p, const MatrixU& u, const MatrixV& v, std::string name,
+/// V held in the precisions the products read it in (precision.hpp): in double for B in double
+/// or the Grams in double, in float for either in float — a float V is then the caller's own,
+/// read in place (it outlives the product), any other type rounded. Stored decides which float
+/// paths exist at all.
+template <typename Stored, typename MatrixU, typename MatrixV>
+void factor_one(FactoredProduct& p, const MatrixU& u, const MatrixV& v, Precision precision, std::string name,
                 const std::shared_ptr<const Eigen::MatrixXd>& omega, Workspace& ws) {
-  constexpr bool double_V = !(Precision::fp32_basis && Precision::fp32_grams);
+  const bool grams_in_float = fp32_grams_possible<Stored> && precision.fp32_grams;
+  const bool double_V = !(fp32_basis_possible<Stored> && precision.fp32_basis && grams_in_float);
   p.U = u.template cast<double>();
   if (double_V) p.V = v.template cast<double>();
   else p.V.resize(0, 0);
   p.Vf_borrowed = nullptr;
-  if constexpr (Precision::fp32_grams && std::is_same_v<MatrixV, Eigen::MatrixXf>) p.Vf_borrowed = &v, p.Vf_owned.resize(0, 0);
-  else if constexpr (Precision::fp32_grams) p.Vf_owned = v.template cast<float>();
-  else p.Vf_owned.resize(0, 0);
+  p.Vf_owned.resize(0, 0);
+  if constexpr (fp32_grams_possible<Stored>) {
+    if (grams_in_float) {
+      if constexpr (std::is_same_v<MatrixV, Eigen::MatrixXf>) p.Vf_borrowed = &v;
+      else p.Vf_owned = v.template cast<float>();
+    }
+  }
   p.name = std::move(name);
   p.omega = omega;
   factor_in_place(p, ws);
@@ -145,9 +151,9 @@ void factor_one(FactoredProduct& p, const MatrixU& u, const MatrixV& v, std::str
 /// before it is factored, on the same thread: the check brings them into cache for the
 /// factorization instead of reading the whole layer from memory twice. Errors are raised after
 /// the loop, in product order, finiteness first, so the message does not depend on thread timing.
-template <typename Stored, typename Precision, typename MatrixU, typename MatrixV>
-void factor_all(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, const Options& opts, Workspace& ws,
-                std::vector<FactoredProduct>& ps, std::vector<double>& floors) {
+template <typename Stored, typename MatrixU, typename MatrixV>
+void factor_all(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, const Options& opts, Precision precision,
+                Workspace& ws, std::vector<FactoredProduct>& ps, std::vector<double>& floors) {
   const bool row = opts.side == Side::Row, single = Us.size() == 1;
   ps.resize(Us.size());
   floors.assign(Us.size(), 0.0);
@@ -161,8 +167,8 @@ void factor_all(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, 
     try {
       const std::string name = single ? std::string("W = U·Vᵀ") : message("head ", h);
       // The basis side is U in row form, V in column form (the row form of Wᵀ = V·Uᵀ).
-      if (row) factor_one<Precision>(ps[i], Us[i], Vs[i], name, omega, ws);
-      else factor_one<Precision>(ps[i], Vs[i], Us[i], name, omega, ws);
+      if (row) factor_one<Stored>(ps[i], Us[i], Vs[i], precision, name, omega, ws);
+      else factor_one<Stored>(ps[i], Vs[i], Us[i], precision, name, omega, ws);
       floors[i] = rounding_floor<Stored>(ps[i], opts.seed + i);
     } catch (...) {
       failed[i] = std::current_exception();
@@ -177,19 +183,21 @@ void factor_all(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs, 
     if (failure) std::rethrow_exception(failure);
 }
 
-/// decompose_shared for one precision policy: factor, then the strategy with its fits.
-template <typename Stored, typename Precision, typename MatrixU, typename MatrixV>
+/// decompose_shared after the checks: factor, then the strategy with its fits, in the precision
+/// Options::fp32_products allows for Stored.
+template <typename Stored, typename MatrixU, typename MatrixV>
 SharedDecomposition<Stored> decompose_shared_with(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs,
                                                   const Options& opts, Workspace& ws) {
+  const Precision precision = precision_for<Stored>(opts.fp32_products);
   double factor_seconds = 0;
   std::vector<FactoredProduct>& ps = ws.local<FactoredSet>().products;
   std::vector<double> floors;
   {
     PhaseTimer timer(factor_seconds);
-    factor_all<Stored, Precision>(Us, Vs, opts, ws, ps, floors);
+    factor_all<Stored>(Us, Vs, opts, precision, ws, ps, floors);
   }
   const FitFunction<Stored> fitter = [&](std::size_t h, std::vector<Index> S, PhaseTimes& t) {
-    return fit_basis<Stored, Precision>(ps[h], std::move(S), opts.refit, opts.side, t, ws);
+    return fit_basis<Stored>(ps[h], std::move(S), opts.refit, opts.side, precision, t, ws);
   };
   Outcome<Stored> out = run_strategy<Stored>(ps, floors, opts, fitter, ws);
   out.times.factor += factor_seconds;
@@ -273,9 +281,7 @@ SharedDecomposition<detail::stored_t<Scalar, typename MatrixU::Scalar>> decompos
   constexpr bool all_double = std::is_same_v<MatrixU, Eigen::MatrixXd> && std::is_same_v<MatrixV, Eigen::MatrixXd>;
   constexpr bool all_float = std::is_same_v<MatrixU, Eigen::MatrixXf> && std::is_same_v<MatrixV, Eigen::MatrixXf>;
   if constexpr (all_double || all_float) {
-    return detail::with_precision<Stored>(opts.fp32_products, [&](auto precision) {
-      return detail::decompose_shared_with<Stored, decltype(precision)>(Us, Vs, opts, ws);
-    });
+    return detail::decompose_shared_with<Stored>(Us, Vs, opts, ws);
   } else {
     std::vector<Eigen::MatrixXd> Ud, Vd;
     Ud.reserve(Us.size()), Vd.reserve(Vs.size());
@@ -345,33 +351,27 @@ Decomposition<detail::stored_t<Scalar, typename Derived::Scalar>> decompose(cons
 
 namespace detail {
 /// The instantiations bd::compiled holds (src/compiled_<stored type>.cpp, one file per stored
-/// type so that they compile in parallel): the pipeline for every precision policy of the type,
-/// on double and on float factors, and decompose()'s.
-#define BD_DECOMPOSE_WITH(prefix, S, P, M)                                                                              \
-  prefix SharedDecomposition<S> decompose_shared_with<S, P, M, M>(const std::vector<M>&, const std::vector<M>&, const Options&, \
-                                                                 Workspace&);
+/// type so that they compile in parallel): the pipeline on double and on float factors, and
+/// decompose()'s.
+#define BD_DECOMPOSE_WITH(prefix, S, M)                                                                              \
+  prefix SharedDecomposition<S> decompose_shared_with<S, M, M>(const std::vector<M>&, const std::vector<M>&, const Options&, \
+                                                              Workspace&);
 /// decompose()'s factoring, independent of the stored type: in src/compiled_strategy.cpp.
 #define BD_FACTOR_DENSE_INSTANTIATION(prefix) \
   prefix DenseFactors factor_dense<>(const Eigen::MatrixXd&, Index, const Options&, Index, Index, Workspace&);
 #define BD_DECOMPOSE_DENSE(prefix, S) \
   prefix Decomposition<S> decompose_dense<S>(const Eigen::MatrixXd&, Index, const Options&, Index, Index, Workspace&);
-#define BD_DECOMPOSE_DOUBLE(prefix)                                      \
-  BD_DECOMPOSE_WITH(prefix, double, Fp64Products, Eigen::MatrixXd)       \
-  BD_DECOMPOSE_WITH(prefix, double, Fp64Products, Eigen::MatrixXf)       \
-  BD_DECOMPOSE_DENSE(prefix, double)
-/// A type narrower than double: its policy P with float products, and Fp64Products.
-#define BD_DECOMPOSE_NARROWER(prefix, S, P)                        \
-  BD_DECOMPOSE_WITH(prefix, S, P, Eigen::MatrixXd)                 \
-  BD_DECOMPOSE_WITH(prefix, S, P, Eigen::MatrixXf)                 \
-  BD_DECOMPOSE_WITH(prefix, S, Fp64Products, Eigen::MatrixXd)      \
-  BD_DECOMPOSE_WITH(prefix, S, Fp64Products, Eigen::MatrixXf)      \
+/// One stored type: the pipeline on double and on float factors, and decompose()'s.
+#define BD_DECOMPOSE_STORED(prefix, S)               \
+  BD_DECOMPOSE_WITH(prefix, S, Eigen::MatrixXd)      \
+  BD_DECOMPOSE_WITH(prefix, S, Eigen::MatrixXf)      \
   BD_DECOMPOSE_DENSE(prefix, S)
-#define BD_DECOMPOSE_INSTANTIATIONS(prefix)                      \
-  BD_FACTOR_DENSE_INSTANTIATION(prefix)                          \
-  BD_DECOMPOSE_DOUBLE(prefix)                                    \
-  BD_DECOMPOSE_NARROWER(prefix, float, Fp32Grams)                \
-  BD_DECOMPOSE_NARROWER(prefix, Eigen::half, Fp32Products)       \
-  BD_DECOMPOSE_NARROWER(prefix, Eigen::bfloat16, Fp32Products)
+#define BD_DECOMPOSE_INSTANTIATIONS(prefix)          \
+  BD_FACTOR_DENSE_INSTANTIATION(prefix)              \
+  BD_DECOMPOSE_STORED(prefix, double)                \
+  BD_DECOMPOSE_STORED(prefix, float)                 \
+  BD_DECOMPOSE_STORED(prefix, Eigen::half)           \
+  BD_DECOMPOSE_STORED(prefix, Eigen::bfloat16)
 #ifdef BD_COMPILED_LIB
 BD_DECOMPOSE_INSTANTIATIONS(extern template)
 #endif

@@ -176,7 +176,7 @@ BD_DEFERRED Choice choose_pivoted(const std::vector<FactoredProduct>& ps, Worksp
 }
 
 /// How a strategy fits product h's basis S (adding its phases to the PhaseTimes): the caller's
-/// fit — on the factors or on a dense W, in its precision policy — behind one type, so that the
+/// fit — on the factors or on a dense W, in its precision — behind one type, so that the
 /// strategies are compiled once per stored type, not once per caller.
 template <typename Scalar>
 using FitFunction = std::function<BasisFit<Scalar>(std::size_t, std::vector<Index>, PhaseTimes&)>;
