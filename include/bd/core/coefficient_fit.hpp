@@ -138,10 +138,8 @@ struct FitStage {
   static constexpr bool exact_basis = std::is_same_v<Scalar, double>;  // B̂ = B
 
   Index r() const { return p.r(); }
-  /// The Grams in float / B formed in float (precision.hpp): constant false where Scalar
-  /// cannot take them, so that their paths fold away there.
-  bool grams_in_float() const { return fp32_grams_possible<Scalar> && precision.fp32_grams; }
-  bool basis_in_float() const { return fp32_basis_possible<Scalar> && precision.fp32_basis; }
+  bool grams_in_float() const { return detail::grams_in_float<Scalar>(precision); }
+  bool basis_in_float() const { return detail::basis_in_float<Scalar>(precision); }
 
   /// B (or Bᵀ) from U_S and V's rows given: all of them, or one block of them.
   template <typename US, typename V, typename Out>

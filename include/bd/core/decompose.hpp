@@ -128,15 +128,15 @@ void validate_factors(const std::vector<MatrixU>& Us, const std::vector<MatrixV>
 template <typename Stored, typename MatrixU, typename MatrixV>
 void factor_one(FactoredProduct& p, const MatrixU& u, const MatrixV& v, Precision precision, std::string name,
                 const std::shared_ptr<const Eigen::MatrixXd>& omega, Workspace& ws) {
-  const bool grams_in_float = fp32_grams_possible<Stored> && precision.fp32_grams;
-  const bool double_V = !(fp32_basis_possible<Stored> && precision.fp32_basis && grams_in_float);
+  const bool float_grams = grams_in_float<Stored>(precision);
+  const bool double_V = !(basis_in_float<Stored>(precision) && float_grams);
   p.U = u.template cast<double>();
   if (double_V) p.V = v.template cast<double>();
   else p.V.resize(0, 0);
   p.Vf_borrowed = nullptr;
   p.Vf_owned.resize(0, 0);
   if constexpr (fp32_grams_possible<Stored>) {
-    if (grams_in_float) {
+    if (float_grams) {
       if constexpr (std::is_same_v<MatrixV, Eigen::MatrixXf>) p.Vf_borrowed = &v;
       else p.Vf_owned = v.template cast<float>();
     }

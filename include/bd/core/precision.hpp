@@ -33,6 +33,13 @@ inline constexpr bool fp32_grams_possible = !std::is_same_v<Stored, double>;
 template <typename Stored>
 inline constexpr bool fp32_basis_possible = bd::kernel::is_narrow_v<Stored>;
 
+/// Whether a stage storing in Stored runs the Grams / B in float: constant false where Stored
+/// cannot take them, so that their paths fold away there.
+template <typename Stored>
+bool grams_in_float(Precision p) { return fp32_grams_possible<Stored> && p.fp32_grams; }
+template <typename Stored>
+bool basis_in_float(Precision p) { return fp32_basis_possible<Stored> && p.fp32_basis; }
+
 /// The precision for storing in Stored: everything in double when float is not allowed or Stored
 /// is double; else the Grams in float, and B in float for half and bfloat16.
 template <typename Stored>
