@@ -108,6 +108,13 @@ TEST_CASE("the error budget of auto must be positive", "[bad-input]") {
   const auto p = random_product(10, 8, 3, 1);
   BD_CHECK_THROWS_CONTAINING(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::Auto).with_error_budget(0)), bd::RangeError,
                              Contains("Options::error_budget is 0"));
+  // Numbers read as std::ostream writes them: six significant digits, exponent past 1e±5.
+  BD_CHECK_THROWS_CONTAINING(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::Auto).with_error_budget(-2.5e-7)),
+                             bd::RangeError, Contains("Options::error_budget is -2.5e-07"));
+  BD_CHECK_THROWS_CONTAINING(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::Auto).with_error_budget(-1234567.0)),
+                             bd::RangeError, Contains("Options::error_budget is -1.23457e+06"));
+  BD_CHECK_THROWS_CONTAINING(bd::decompose_product(p.U, p.V, bd::Options{}.with_basis(Basis::Auto).with_error_budget(-0.125)),
+                             bd::RangeError, Contains("Options::error_budget is -0.125"));
 }
 
 TEST_CASE("a singular first window is refused: pruned channels", "[bad-input][singular]") {

@@ -6,10 +6,12 @@
 // std::runtime_error, so `catch (const std::exception&)` sees them too.
 #pragma once
 
-#include <sstream>
+#include <cstdio>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
-#include <utility>
+#include <string_view>
+#include <type_traits>
 
 namespace bd {
 
@@ -38,12 +40,62 @@ class IoError : public Error { using Error::Error; };
 
 namespace detail {
 
-/// Builds a message from streamable pieces: bd::detail::message("rank ", r, " is ...").
+/// One piece of a message: text, or a number written as `std::ostream`'s defaults write it
+/// (integers in decimal, floating point as "%g", six significant digits; bool as 1 or 0; a char
+/// as itself). Numbers are written into the piece itself, so building one allocates nothing.
+class MessagePart {
+public:
+  MessagePart(const char* text) : text_(text) {}
+  MessagePart(const std::string& text) : text_(text) {}
+  MessagePart(std::string_view text) : text_(text) {}
+  MessagePart(char c) : text_(digits_, 1) { digits_[0] = c; }
+  template <typename T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, char>, int> = 0>
+  MessagePart(T value) {
+    if constexpr (std::is_signed_v<T>) {
+      write("%lld", static_cast<long long>(value));
+    } else {
+      write("%llu", static_cast<unsigned long long>(value));
+    }
+  }
+  template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
+  MessagePart(T value) {
+    if constexpr (std::is_same_v<T, long double>) {
+      write("%Lg", value);
+    } else {
+      write("%g", static_cast<double>(value));
+    }
+  }
+  MessagePart(const MessagePart&) = delete;
+  MessagePart& operator=(const MessagePart&) = delete;
+
+  std::string_view text() const { return text_; }
+
+private:
+  template <typename N>
+  void write(const char* format, N value) {
+    const int n = std::snprintf(digits_, sizeof digits_, format, value);
+    text_ = std::string_view(digits_, n < 0 ? 0 : static_cast<std::size_t>(n));
+  }
+  char digits_[48];
+  std::string_view text_;
+};
+
+/// The pieces, joined: one function for every message, whatever its pieces' types.
+inline std::string join_message(std::initializer_list<std::string_view> pieces) {
+  std::size_t length = 0;
+  for (std::string_view piece : pieces) length += piece.size();
+  std::string joined;
+  joined.reserve(length);
+  for (std::string_view piece : pieces) joined.append(piece.data(), piece.size());
+  return joined;
+}
+
+/// Builds a message from pieces: bd::detail::message("rank ", r, " is ..."). Each piece is text
+/// or a number (MessagePart); the pieces' types reach no code but MessagePart's constructors, so
+/// a message costs its call site a few instructions rather than a stream per combination of types.
 template <typename... Parts>
-std::string message(Parts&&... parts) {
-  std::ostringstream out;
-  (out << ... << std::forward<Parts>(parts));
-  return out.str();
+std::string message(const Parts&... parts) {
+  return join_message({MessagePart(parts).text()...});
 }
 
 }  // namespace detail

@@ -29,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "bd/base/inline.hpp"
+
 namespace bd {
 
 class Workspace {
@@ -41,12 +43,10 @@ public:
   /// reference stays valid until release() or the Workspace's end.
   template <typename Scratch>
   Scratch& local() {
-    Arena& arena = arena_of_this_thread();
-    const void* key = &type_key<Scratch>;
-    for (auto& slot : arena)
-      if (slot.key == key) return *static_cast<Scratch*>(slot.object.get());
-    arena.push_back(Slot{key, Owned(new Scratch(), [](void* p) { delete static_cast<Scratch*>(p); })});
-    return *static_cast<Scratch*>(arena.back().object.get());
+    void* object = find_or_create(
+        &type_key<Scratch>, [] { return static_cast<void*>(new Scratch()); },
+        [](void* p) { delete static_cast<Scratch*>(p); });
+    return *static_cast<Scratch*>(object);
   }
 
   /// Frees every buffer of every thread. Not while a computation is using this workspace.
@@ -71,6 +71,17 @@ private:
     Owned object;
   };
   using Arena = std::vector<Slot>;
+
+  /// local()'s lookup, one function for every scratch type (and not inlined into each of the
+  /// stages that call local(): a lock, a hash lookup and a search, at a few dozen call sites).
+  BD_NOINLINE void* find_or_create(const void* key, void* (*create)(), void (*destroy)(void*)) {
+    Arena& arena = arena_of_this_thread();
+    for (auto& slot : arena)
+      if (slot.key == key) return slot.object.get();
+    Owned object(create(), destroy);
+    arena.push_back(Slot{key, std::move(object)});
+    return arena.back().object.get();
+  }
 
   Arena& arena_of_this_thread() {
     std::lock_guard<std::mutex> lock(mutex_);

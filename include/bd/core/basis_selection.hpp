@@ -129,6 +129,7 @@ double sketched_model(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& Y,
 /// A thread's scratch for scoring windows (in the preparation's Workspace): the float LU and the
 /// inverse of the exact score. This runs for every window of every product.
 struct ScoreScratch {
+  Eigen::MatrixXf QS;  // Q_S in float, gathered once (a window's rows or any set's)
   bd::kernel::SmallLU<float> lu;
   Eigen::MatrixXf inv_t;
   bd::kernel::SmallLU<double> lu_double;
@@ -139,14 +140,15 @@ BD_DEFERRED WindowScore score_window(const FactoredProduct& p, const std::vector
                                 Workspace& ws = default_workspace()) {
   WindowScore score;
   const Eigen::VectorXd D = p.row_norm2(S).cwiseSqrt();
+  ScoreScratch& scratch = ws.local<ScoreScratch>();
   {
     // Ranking only, to a few digits: the LU in float, on the CPU's vectors (kernel/small_lu.hpp).
     // Sketched: Ω_Rᵀ·C = (ΩᵀQ)·Q_S⁻¹ − Ω_Sᵀ;   E‖Ω_Rᵀ·C·D‖² = k·‖C·D‖².
-    ScoreScratch& scratch = ws.local<ScoreScratch>();
+    Eigen::MatrixXf& QS = scratch.QS;
+    if (is_window(S)) QS = p.Qf.middleRows(S.front(), p.r());
+    else QS = p.Qf(S, Eigen::all);
     bd::kernel::SmallLU<float>& lu = scratch.lu;
-    const bool window = is_window(S);
-    if (window) lu.compute(p.Qf.middleRows(S.front(), p.r()).transpose());
-    else lu.compute(p.Qf(S, Eigen::all).transpose());
+    lu.compute(QS.transpose());
     double rcond, model;
     if (exact) {
       Eigen::MatrixXf& inv_t = scratch.inv_t;
@@ -155,9 +157,7 @@ BD_DEFERRED WindowScore score_window(const FactoredProduct& p, const std::vector
       model = exact_model(inv_t, D);
     } else {
       const Eigen::MatrixXf Y = lu.solve(p.sketch_t);
-      const double QS2 = window ? double(p.Qf.middleRows(S.front(), p.r()).squaredNorm())
-                                : double(p.Qf(S, Eigen::all).squaredNorm());
-      rcond = 1.0 / std::sqrt(QS2 * double(Y.squaredNorm()) / double(Y.cols()));
+      rcond = 1.0 / std::sqrt(double(QS.squaredNorm()) * double(Y.squaredNorm()) / double(Y.cols()));
       model = sketched_model(Y, p, S, D);
     }
     if (rcond > float_score_rcond && model < std::numeric_limits<double>::infinity()) {
@@ -166,7 +166,6 @@ BD_DEFERRED WindowScore score_window(const FactoredProduct& p, const std::vector
       return score;
     }
   }
-  ScoreScratch& scratch = ws.local<ScoreScratch>();
   bd::kernel::SmallLU<double>& lu = scratch.lu_double;
   lu.compute(p.Q(S, Eigen::all).transpose());
   score.rcond = lu.rcond();

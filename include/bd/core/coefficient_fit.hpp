@@ -303,16 +303,19 @@ void round_coefficients(FitStage<Scalar>& f) {
   if (f.col) buf.Ct = buf.C.transpose();
   f.out.C = round_matrix<Scalar>(f.col ? buf.Ct : buf.C);
   require_representable<Scalar>(f.out.C, "coefficient matrix", f.p.name);
-  buf.Ch.resize(f.out.C.rows(), f.out.C.cols());
-  kernel::widen_into(f.out.C.data(), f.out.C.size(), buf.Ch.data());
+  // Ĉ in double and in row form for the error (stage 6), whichever form is stored.
+  Eigen::MatrixXd& widened = f.col ? buf.Ct : buf.Ch;
+  widened.resize(f.out.C.rows(), f.out.C.cols());
+  kernel::widen_into(f.out.C.data(), f.out.C.size(), widened.data());
+  if (f.col) buf.Ch = buf.Ct.transpose();
 }
 
-/// Stage 6: ‖W − Ŵ‖² from Ĉ in row form ((m−r)×r; the column form's stored Ĉᵀ read transposed):
+/// Stage 6: ‖W − Ŵ‖² from Ĉ in row form ((m−r)×r, the column form's transposed back by stage 5):
 /// with D̂ = U_R − Ĉ·U_S in double (it cancels to the size of the error), the header's
 /// ⟨D̂ᵀD̂, G⟩ − 2⟨ĈᵀD̂, ΔB·V⟩ + ⟨ĈᵀĈ, ΔB·ΔBᵀ⟩ + ‖ΔB‖². Its Grams are in float when allowed: they
 /// are already at the scale of the error, so float keeps 6 digits of it.
-template <typename Scalar, typename ChRow>
-double exact_error(FitStage<Scalar>& f, const ChRow& Chr) {
+template <typename Scalar>
+double exact_error(FitStage<Scalar>& f, const Eigen::MatrixXd& Chr) {
   using Eigen::MatrixXd;
   FitBuffers& buf = f.buf;
   Workspace& ws = f.ws;
@@ -330,7 +333,7 @@ double exact_error(FitStage<Scalar>& f, const ChRow& Chr) {
   } else if (f.grams_in_float()) {
     Eigen::MatrixXf &X = buf.X, &XtX = buf.XtX;
     X.resize(Dh.rows(), 2 * r);
-    X << Dh.cast<float>(), Chr.template cast<float>();
+    X << Dh.cast<float>(), Chr.cast<float>();
     XtX.resize(2 * r, 2 * r);
     kernel::gram_into(X, XtX, ws);  // [D̂ Ĉ]ᵀ[D̂ Ĉ]: D̂ᵀD̂, ĈᵀD̂ and ĈᵀĈ as its blocks
     return XtX.topLeftCorner(r, r).cast<double>().cwiseProduct(G).sum() -
@@ -375,8 +378,7 @@ BasisFit<Scalar> fit_basis(const FactoredProduct& p, std::vector<Index> S, bool 
     round_coefficients(f);
   }
   PhaseTimer timer(times.error);
-  const Eigen::MatrixXd& Ch = f.buf.Ch;
-  f.out.residual2 = std::max(0.0, f.col ? exact_error(f, Ch.transpose()) : exact_error(f, Ch));
+  f.out.residual2 = std::max(0.0, exact_error(f, f.buf.Ch));
   f.out.S = std::move(S);
   return std::move(f.out);
 }

@@ -80,8 +80,10 @@ public:
   /// Reciprocal 1-norm condition number of A (estimate, see condition_estimate.hpp); 0 unless ok().
   double rcond() const {
     if (!ok_) return 0.0;
-    const auto solve_vector = [&](const Vector& v) { return solve(v); };
-    return detail::rcond_estimate<T>(size(), norm1_, solve_vector, solve_vector);  // A = Aᵀ
+    const auto solve_vector = [](const void* self, const Vector& v, bool) {  // A = Aᵀ
+      return static_cast<const Cholesky*>(self)->solve(v);
+    };
+    return detail::rcond_estimate<T>(size(), norm1_, {this, solve_vector});
   }
 
   /// out = A⁻¹ = L⁻ᵀ·L⁻¹, exactly symmetric: the triangular inverse on the CPU's vectors and its

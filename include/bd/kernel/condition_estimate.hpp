@@ -17,11 +17,24 @@
 
 namespace bd::kernel::detail {
 
-/// 1/(‖A‖₁·est‖A⁻¹‖₁) for an n×n A with ‖A‖₁ = norm1, given solve(v) = A⁻¹v and
-/// solve_transposed(v) = A⁻ᵀv on vectors. 0 when ‖A‖₁ is zero or the estimate is.
-template <typename T, typename Solve, typename SolveTransposed>
-double rcond_estimate(Index n, double norm1, const Solve& solve, const SolveTransposed& solve_transposed) {
+/// A factored matrix's solves on vectors, as the estimator calls them: solve(factors, v, false)
+/// returns A⁻¹v, solve(factors, v, true) A⁻ᵀv. A plain function pointer, so that the estimator is
+/// compiled once per scalar type rather than once per factorization (SmallLU, Cholesky).
+template <typename T>
+struct VectorSolves {
   using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  const void* factors;
+  Vec (*solve)(const void* factors, const Vec& v, bool transposed);
+  Vec operator()(const Vec& v, bool transposed = false) const { return solve(factors, v, transposed); }
+};
+
+/// 1/(‖A‖₁·est‖A⁻¹‖₁) for an n×n A with ‖A‖₁ = norm1, given its solves. 0 when ‖A‖₁ is zero
+/// or the estimate is.
+template <typename T>
+double rcond_estimate(Index n, double norm1, const VectorSolves<T>& solves) {
+  using Vec = typename VectorSolves<T>::Vec;
+  const auto solve = [&](const Vec& v) { return solves(v, false); };
+  const auto solve_transposed = [&](const Vec& v) { return solves(v, true); };
   if (n == 0) return 1.0;
   if (norm1 == 0) return 0.0;
   const auto l1 = [](const Vec& v) { return static_cast<double>(v.template lpNorm<1>()); };

@@ -103,8 +103,11 @@ public:
   double rcond() const {
     if (size() && !(matrixLU().diagonal().cwiseAbs().minCoeff() > T(0))) return 0.0;
     using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
-    return detail::rcond_estimate<T>(
-        size(), norm1_, [&](const Vec& v) { return Vec(solve(v)); }, [&](const Vec& v) { return Vec(solve_transposed(v)); });
+    const auto solve_vector = [](const void* self, const Vec& v, bool transposed) {
+      const SmallLU& lu = *static_cast<const SmallLU*>(self);
+      return Vec(transposed ? lu.solve_transposed(v) : lu.solve(v));
+    };
+    return detail::rcond_estimate<T>(size(), norm1_, {this, solve_vector});
   }
 
 private:
