@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "bd/base/inline.hpp"
+#include "bd/base/code_size.hpp"
 
 namespace bd {
 

@@ -30,6 +30,7 @@
 #include <Eigen/QR>
 #include <Eigen/SVD>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/deferred.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/workspace.hpp"
@@ -71,7 +72,7 @@ Decomposition<Scalar> assemble(const FactoredProduct& p, BasisFit<Scalar> fit, S
 }
 
 template <typename Scalar>
-std::vector<Decomposition<Scalar>> assemble_all(const std::vector<FactoredProduct>& ps, Outcome<Scalar>& out,
+BD_COLD std::vector<Decomposition<Scalar>> assemble_all(const std::vector<FactoredProduct>& ps, Outcome<Scalar>& out,
                                                 const std::vector<double>& floors, const Options& opts, Index rows,
                                                 Index cols, double truncation_nmse = 0) {
   const double u2 = unit_roundoff<Scalar>() * unit_roundoff<Scalar>();
@@ -103,7 +104,7 @@ namespace detail {
 /// Stage 0 of decompose_shared: the set's factors agree in shape, are non-empty, and r is a
 /// rank BD saves something at.
 template <typename MatrixU, typename MatrixV>
-void validate_factors(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs) {
+BD_COLD void validate_factors(const std::vector<MatrixU>& Us, const std::vector<MatrixV>& Vs) {
   if (Us.empty() || Us.size() != Vs.size())
     throw ShapeError(message("decompose_shared: got ", Us.size(), " U factors and ", Vs.size(),
                              " V factors, expected the same positive number"));

@@ -14,6 +14,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/code_size.hpp"
 #include "bd/core/options.hpp"
 #include "bd/core/phase_times.hpp"
 #include "bd/core/scalar.hpp"
@@ -51,7 +52,7 @@ public:
   Decomposition() = default;
 
   /// Assembles a decomposition from its parts; checks that they agree with each other.
-  Decomposition(Side side, Index rows, Index cols, std::vector<Index> indices, Matrix basis, Matrix coeff,
+  BD_COLD Decomposition(Side side, Index rows, Index cols, std::vector<Index> indices, Matrix basis, Matrix coeff,
                 Report report = {})
       : side_(side), rows_(rows), cols_(cols), indices_(std::move(indices)), basis_(std::move(basis)),
         coeff_(std::move(coeff)), report_(std::move(report)) {

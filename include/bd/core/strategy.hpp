@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/deferred.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/workspace.hpp"
@@ -282,7 +283,7 @@ struct Outcome {
 /// bound every window's estimate above that (screened_window_bound), the windows are not ranked
 /// on the others at all. `floor` is the set's mean rounding floor; the phases go to `times`.
 template <typename Scalar>
-std::optional<Choice> hopeful_window(const std::vector<FactoredProduct>& ps, const Options& opts, double floor, Workspace& ws,
+BD_COLD std::optional<Choice> hopeful_window(const std::vector<FactoredProduct>& ps, const Options& opts, double floor, Workspace& ws,
                                      PhaseTimes& times, std::string& note) {
   PhaseTimer timer(times.score);
   const Index m = ps.front().m(), r = ps.front().r();
@@ -322,7 +323,7 @@ std::optional<Choice> hopeful_window(const std::vector<FactoredProduct>& ps, con
 /// is fitted (hopeful_window). Returns the accepted outcome, or nothing with `note` saying why
 /// no window was taken; the phases go to `times`.
 template <typename Scalar>
-std::optional<Outcome<Scalar>> shared_window_within_budget(const std::vector<FactoredProduct>& ps, const Options& opts,
+BD_COLD std::optional<Outcome<Scalar>> shared_window_within_budget(const std::vector<FactoredProduct>& ps, const Options& opts,
                                                            double floor, const FitFunction<Scalar>& fitter, Workspace& ws,
                                                            PhaseTimes& times, std::string& note) {
   const Index m = ps.front().m(), r = ps.front().r();
@@ -348,7 +349,7 @@ std::optional<Outcome<Scalar>> shared_window_within_budget(const std::vector<Fac
 
 /// Auto: the shared window when it meets the budget, else per-product pivoting, saying why.
 template <typename Scalar>
-Outcome<Scalar> run_auto(const std::vector<FactoredProduct>& ps, const std::vector<double>& floors, const Options& opts,
+BD_COLD Outcome<Scalar> run_auto(const std::vector<FactoredProduct>& ps, const std::vector<double>& floors, const Options& opts,
                          const FitFunction<Scalar>& fitter, Workspace& ws) {
   Outcome<Scalar> out;
   double floor = 0;
@@ -370,7 +371,7 @@ Outcome<Scalar> run_auto(const std::vector<FactoredProduct>& ps, const std::vect
 
 /// Ranks, chooses and fits the basis `opts.basis` asks for.
 template <typename Scalar>
-Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::vector<double>& floors, const Options& opts,
+BD_COLD Outcome<Scalar> run_strategy(const std::vector<FactoredProduct>& ps, const std::vector<double>& floors, const Options& opts,
                              const FitFunction<Scalar>& fitter, Workspace& ws) {
   if (opts.basis == Basis::Auto) return run_auto<Scalar>(ps, floors, opts, fitter, ws);
   const Index m = ps.front().m(), r = ps.front().r();

@@ -16,6 +16,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/index.hpp"
 
@@ -24,7 +25,7 @@ namespace bd::kernel {
 /// Q (m×n, QᵀQ = I) spanning the columns of A (m×n, m ≥ n) when A has full column rank; returns
 /// A's numerical rank (Q's leading `rank` columns span A's range in any case).
 template <typename T>
-Index householder_range(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& A,
+BD_COLD Index householder_range(const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& A,
                         Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>& Q) {
   const Index m = A.rows(), n = A.cols();
   if (m < n) throw ShapeError(bd::detail::message("householder_range: A is ", m, "x", n, ", expected rows ≥ columns"));

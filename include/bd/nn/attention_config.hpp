@@ -17,6 +17,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/index.hpp"
 #include "bd/core/scalar.hpp"
@@ -100,7 +101,7 @@ void require_bias(const V& b, Index size, const std::string& name) {
 
 /// Checks that config and weights describe one consistent layer; names what disagrees.
 template <typename S>
-void validate_attention(const AttentionConfig& c, const AttentionWeights<S>& w) {
+BD_COLD void validate_attention(const AttentionConfig& c, const AttentionWeights<S>& w) {
   if (c.n_q <= 0 || c.n_kv <= 0 || c.n_q % c.n_kv != 0)
     throw RangeError(message("attention heads: n_q = ", c.n_q, ", n_kv = ", c.n_kv,
                              ": expected positive counts with n_q a multiple of n_kv"));

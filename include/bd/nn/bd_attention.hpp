@@ -25,6 +25,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/workspace.hpp"
 #include "bd/nn/attention_config.hpp"
@@ -74,7 +75,7 @@ public:
   /// Rebuilds a prepared layer from stored tensors (a BD checkpoint): `rest` holds what BD left
   /// dense (Wq, Wk and biases when QK is not decomposed; Wv, Wo when VO is not; MLA's latent and
   /// RoPE parts). Every shape and index is checked against `config` (BDWeights::validate).
-  static BDAttention assemble(const AttentionConfig& config, Mode mode, AttentionWeights<S> rest, BDWeights<S> bd) {
+  BD_COLD static BDAttention assemble(const AttentionConfig& config, Mode mode, AttentionWeights<S> rest, BDWeights<S> bd) {
     const Index d_kv = bd.validate(config, mode, rest);
     BDAttention out;
     out.config_ = config;
@@ -159,7 +160,7 @@ public:
   }
 
 private:
-  static BDAttention prepare_from(const AttentionConfig& c, const AttentionWeights<double>& w,
+  BD_COLD static BDAttention prepare_from(const AttentionConfig& c, const AttentionWeights<double>& w,
                                   const BDAttentionOptions& opts, Workspace& ws);
   /// BD on QK under RoPE is not exact: refused unless opts.force.
   static void refuse_qk_under_rope(const AttentionConfig& c, const BDAttentionOptions& opts) {

@@ -28,6 +28,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/workspace.hpp"
 #include "bd/core/decompose.hpp"
 #include "bd/nn/attention_config.hpp"
@@ -85,7 +86,7 @@ ProductReport summarise(const SharedDecomposition<S>& set, const HeadIndices& in
 
 /// QK's basis B_q, coefficients C_k, indices and query bias β into `out` (x·W orientation).
 template <typename S>
-ProductReport decompose_qk(const AttentionConfig& c, const AttentionWeights<double>& w, Windows windows, bd::Options opts,
+BD_COLD ProductReport decompose_qk(const AttentionConfig& c, const AttentionWeights<double>& w, Windows windows, bd::Options opts,
                            Workspace& ws, BDWeights<S>& out) {
   const Index dh = c.head_dim, d_kv = w.Wk.rows(), d_q = w.Wq.rows(), G = c.group();
   const bool per_group = windows == Windows::PerGroup;
@@ -127,7 +128,7 @@ ProductReport decompose_qk(const AttentionConfig& c, const AttentionWeights<doub
 
 /// VO's coefficients C_v, basis B_o, indices and folded output bias bo' into `out`.
 template <typename S>
-ProductReport decompose_vo(const AttentionConfig& c, const AttentionWeights<double>& w, Windows windows, bd::Options opts,
+BD_COLD ProductReport decompose_vo(const AttentionConfig& c, const AttentionWeights<double>& w, Windows windows, bd::Options opts,
                            Workspace& ws, BDWeights<S>& out) {
   const Index dv = c.value_dim(), d_kv = w.Wv.rows(), d_out = w.Wo.cols(), G = c.group();
   const bool per_group = windows == Windows::PerGroup;

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/error.hpp"
 #include "bd/nn/attention_config.hpp"
 #include "bd/nn/bd_mode.hpp"
@@ -31,7 +32,7 @@ struct BDWeights {
   /// Checks every shape and index against `config` for a layer decomposed in `mode`, whose
   /// `rest` holds what BD left dense (Wq and Wk when QK is not decomposed, Wv and Wo when VO is
   /// not; MLA's latent and RoPE parts). Returns d_kv, the projections' key/value input width.
-  Index validate(const AttentionConfig& config, Mode mode, const AttentionWeights<S>& rest) const {
+  BD_COLD Index validate(const AttentionConfig& config, Mode mode, const AttentionWeights<S>& rest) const {
     using bd::detail::message;
     const AttentionConfig& c = config;
     const Index n = c.n_q, dh = c.head_dim, dv = c.value_dim();

@@ -22,6 +22,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/code_size.hpp"
 #include "bd/core/basis_selection.hpp"
 #include "bd/core/decomposition.hpp"
 #include "bd/core/parallel.hpp"
@@ -49,7 +50,7 @@ struct HeadIndices {
   /// From each head's basis channels; shared when they are one window common to all heads.
   /// Refuses a head whose channels are not distinct, ascending and in [0, input_dim), or whose
   /// size differs from the first head's (stored indices are read from files).
-  static HeadIndices from_basis(std::vector<std::vector<Index>> basis, Index input_dim) {
+  BD_COLD static HeadIndices from_basis(std::vector<std::vector<Index>> basis, Index input_dim) {
     if (basis.empty() || basis.front().empty()) throw ShapeError("head indices: no heads, or an empty basis");
     for (std::size_t h = 0; h < basis.size(); ++h) {
       const auto& b = basis[h];

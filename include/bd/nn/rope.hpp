@@ -30,6 +30,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/index.hpp"
 #include "bd/base/names.hpp"
@@ -70,7 +71,7 @@ struct RopeScaling {
   double attention_factor = 1;                       ///< a, the cos/sin scale (yarn)
 
   /// Checks the parameters the type uses; names the one that is out of range.
-  void validate() const {
+  BD_COLD void validate() const {
     using bd::detail::message;
     if (type == RopeType::Standard) return;
     if (!(factor > 0) || !std::isfinite(factor))
