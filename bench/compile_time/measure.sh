@@ -37,6 +37,10 @@ for ((r = 0; r < reps; ++r)); do
     baseline=${baseline:-$t}
     ratios[$entry]+="$(awk -v a="$t" -v b="$baseline" 'BEGIN {printf "%.3f", a / b}') "
   done
+  # Each round as it ends (seconds, in the order of the table below), so a drift shows.
+  line="round $((r + 1)):"
+  for entry in "${entries[@]}"; do line+=" $(echo "${times[$entry]}" | awk '{print $NF}')"; done
+  echo "$line"
 done
 printf '%-46s %10s %14s %14s\n' program "seconds" "× baseline" "peak RSS MB"
 for entry in "${entries[@]}"; do
