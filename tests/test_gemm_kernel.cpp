@@ -175,6 +175,46 @@ TEST_CASE("gemm kernel: one thread and two threads agree bit for bit", BD_KERNEL
   });
 }
 
+TEST_CASE("gemm kernel: the rows per block fill at most half of L2 and change the time, not a bit of the result",
+          BD_KERNEL_TEST_TAG) {
+  bd_test::for_each_isa([&] {
+    // The A block (mc × kc) within half of L2, at most 144 rows, more rows for a larger L2.
+    for (long l2 : {256L << 10, 512L << 10, 1L << 20, 2L << 20}) {
+      for (Index depth : {Index(0), Index(384), Index(512)}) {
+        const Index mc_f = bd::kernel::default_row_block<float>(depth, l2);
+        const Index mc_d = bd::kernel::default_row_block<double>(depth, l2);
+        const Index kc_f = depth ? depth : bd::kernel::default_depth<float>(), kc_d = depth ? depth : bd::kernel::default_depth<double>();
+        INFO("L2 " << l2 << ", depth " << depth << ": mc " << mc_f << " (float), " << mc_d << " (double)");
+        CHECK(mc_f * kc_f * Index(sizeof(float)) <= l2 / 2);
+        CHECK(mc_d * kc_d * Index(sizeof(double)) <= l2 / 2);
+        CHECK((mc_f > 0 && mc_f <= 144 && mc_d > 0 && mc_d <= 144));
+        CHECK(mc_f <= bd::kernel::default_row_block<float>(depth, 2 * l2));
+      }
+    }
+    // The figures Blocking's comment gives: double at 384 channels on 512 KiB, float at 512 on 256 KiB.
+    CHECK(bd::kernel::default_row_block<double>(384, 512L << 10) == 80);
+    CHECK(bd::kernel::default_row_block<float>(512, 256L << 10) == 64);
+    CHECK(bd::kernel::default_row_block<float>(384, 1L << 20) == 144);
+    // Blocks of 16, 80 and the CPU's rows: every output summed in the same order.
+    const std::vector<Index> chan = channels_of(0, 384);
+    const Mat<double> X = bd_test::gaussian(203, 384, 71);
+    const Mat<double> B = bd_test::gaussian(384, 31, 72);
+    std::vector<Mat<double>> outs;
+    for (Index mc : {Index(0), Index(16), Index(80)}) {
+      Mat<double> out(203, 31);
+      bd::kernel::GemmArguments<double, double> a;
+      a.rows = 203, a.x = X.data(), a.ldx = 203, a.b = B.data(), a.ldb = 384;
+      a.out = out.data(), a.ldo = 203;
+      a.segments.push_back({chan.data(), 384, 0, 31});
+      bd::kernel::gemm(a, Blocking{mc, 0, 768});
+      outs.push_back(out);
+    }
+    CHECK(outs[0] == outs[1]);
+    CHECK(outs[0] == outs[2]);
+    CHECK((outs[0] - X * B).cwiseAbs().maxCoeff() <= bound<double>(384) * 10);
+  });
+}
+
 TEST_CASE("gemm kernel: the depth per pass changes the time, not a bit of the result", BD_KERNEL_TEST_TAG) {
   bd_test::for_each_isa([&] {
     // Depth 512: one pass of 512 on a large L1 (the default, depth_block), two of 256 or eight of

@@ -25,12 +25,14 @@ using bd::Index;
 /// per pass (K is split into equal passes of at most kc; a B micro-panel kc × NR stays in L1
 /// while the A block streams from L2), nc output columns per task (rounded up to NR).
 /// kc = 0 (the default) takes the depth the kernel and this CPU's L1 allow (depth_block in
-/// loop.hpp): 384 to 512. The pass count does not change a result (a pass stores its
-/// accumulators and the next loads them, exactly), only the time. mc and nc: chosen on a 2-core
-/// Zen 4 EPYC with both the AVX2 and the AVX-512 kernels (bench/bench_kproj.cpp): mc 96…192,
-/// nc 768 against 384 or 1536 differed by less than the run-to-run noise.
+/// loop.hpp): 384 to 512. mc = 0 (the default) takes the rows whose A block (mc × kc) fills at
+/// most half of this CPU's L2, at most 144 (row_block in loop.hpp). Neither changes a result
+/// (a pass stores its accumulators and the next loads them, exactly; a row's sums do not depend
+/// on its block), only the time. mc 144 and nc 768: chosen on a 2-core Zen 4 EPYC (1 MiB L2) with
+/// both the AVX2 and the AVX-512 kernels (bench/bench_kproj.cpp): mc 96…192, nc 768 against 384
+/// or 1536 differed by less than the run-to-run noise.
 struct Blocking {
-  Index mc = 144;
+  Index mc = 0;
   Index kc = 0;
   Index nc = 768;
 };

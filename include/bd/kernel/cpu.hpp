@@ -97,6 +97,20 @@ inline long l1d_bytes() {
   return bytes;
 }
 
+/// The L2 cache of the core the program runs on, in bytes (the GEMM's row blocking, loop.hpp):
+/// glibc's sysconf where it knows it, else 512 KiB (the smallest per-core L2 among the AVX-512
+/// CPUs and AMD's AVX2 ones; Intel's AVX2 client cores have 256 KiB and report it). Read once.
+inline long l2_bytes() {
+  static const long bytes = [] {
+    long b = 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return b >= 64 * 1024 && b <= 64 * 1024 * 1024 ? b : 512 * 1024L;
+  }();
+  return bytes;
+}
+
 /// The widest instruction set this CPU runs.
 inline Isa best_isa() {
   if (cpu_has(Isa::AVX512)) return Isa::AVX512;

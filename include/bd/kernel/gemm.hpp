@@ -64,6 +64,17 @@ Index default_depth(Index depth = 0) {
   return on_active_kernel<T>([depth](auto k) { return detail::depth_block<T>(decltype(k)::nr, depth); });
 }
 
+/// The most rows per packed A block that Blocking{}'s mc = 0 takes on active_isa()'s kernel for
+/// T in passes of `depth` channels (0: the default depth), with an L2 of `l2` bytes (this CPU's
+/// by default): whole micro-tiles filling at most half of it, at most 144 (detail::row_block).
+template <typename T>
+Index default_row_block(Index depth = 0, long l2 = l2_bytes()) {
+  return on_active_kernel<T>([depth, l2](auto k) {
+    using K = decltype(k);
+    return detail::row_block<T>(K::mr, depth > 0 ? depth : detail::depth_block<T>(K::nr), l2);
+  });
+}
+
 /// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours
 /// OMP_NUM_THREADS; 1 inside a parallel region) with the kernels of active_isa(); at most
 /// skinny_rows rows of a column-major X take the skinny path (skinny.hpp). Preconditions (checked where cheap; ShapeError): pointers and leading dimensions cover every

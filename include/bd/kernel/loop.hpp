@@ -228,6 +228,21 @@ Index depth_block(Index nr, Index depth = 0) {
   return depth > streamed && depth <= whole ? depth : streamed;
 }
 
+/// The rows of an A block when the caller leaves them to the kernel (Blocking::mc = 0), for
+/// passes of kc channels: the most whole micro-tiles (mr rows) whose packed block mc × kc fills
+/// at most half of the L2 cache — the other half for the B block's panels as they stream past,
+/// the output tiles and the next block's rows — and at most 144, the value measured best on a
+/// 1 MiB L2 (Blocking). Half of L2 is where BLIS's configurations put their A blocks (29–67 %).
+/// On a 1 MiB or larger L2 every kernel's block is 144 rows; on a 512 KiB L2 (Zen 2 and 3) a
+/// double product's block of 384 channels shrinks to 80 rows, which a block of 144 (432 KiB)
+/// would have pushed out of L2 with its own B panels; on a 256 KiB L2 a float block of 512
+/// channels takes 64 rows.
+template <typename T>
+Index row_block(Index mr, Index kc, long l2 = l2_bytes()) {
+  const Index fit = Index(l2 / 2) / (std::max<Index>(1, kc) * Index(sizeof(T))) / mr * mr;
+  return std::clamp<Index>(fit, mr, std::max<Index>(mr, 144));
+}
+
 /// The packed GEMM on one kernel. Work is split as a grid: the columns (all segments side by
 /// side) into `column_groups` equal ranges, cut anywhere, and the rows into threads /
 /// column_groups equal ranges only when the columns are too narrow to give every thread four
@@ -248,6 +263,7 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
     max_kc = std::max(max_kc, kc);
     passes = std::max(passes, (seg.depth + kc - 1) / kc);
   }
+  if (blk.mc <= 0) blk.mc = row_block<T>(MR, max_kc);
   const Index row_units = (a.rows + MR - 1) / MR;
   Index column_groups = std::max(1, threads);
   while (column_groups > 1 && (total / column_groups < 4 * NR || threads % column_groups)) --column_groups;
