@@ -175,6 +175,18 @@ TEST_CASE("gemm kernel: one thread and two threads agree bit for bit", BD_KERNEL
   });
 }
 
+/// X·B on the GEMM with `blocking`, X's columns in the order `chan` lists (all of them).
+template <typename T>
+Mat<T> plain_product(const Mat<T>& X, const Mat<T>& B, const std::vector<Index>& chan, const Blocking& blocking) {
+  Mat<T> out(X.rows(), B.cols());
+  bd::kernel::GemmArguments<T, T> a;
+  a.rows = X.rows(), a.x = X.data(), a.ldx = X.rows(), a.b = B.data(), a.ldb = B.rows();
+  a.out = out.data(), a.ldo = X.rows();
+  a.segments.push_back({chan.data(), Index(chan.size()), 0, B.cols()});
+  bd::kernel::gemm(a, blocking);
+  return out;
+}
+
 TEST_CASE("gemm kernel: the rows per block fill at most half of L2 and change the time, not a bit of the result",
           BD_KERNEL_TEST_TAG) {
   bd_test::for_each_isa([&] {
@@ -200,15 +212,7 @@ TEST_CASE("gemm kernel: the rows per block fill at most half of L2 and change th
     const Mat<double> X = bd_test::gaussian(203, 384, 71);
     const Mat<double> B = bd_test::gaussian(384, 31, 72);
     std::vector<Mat<double>> outs;
-    for (Index mc : {Index(0), Index(16), Index(80)}) {
-      Mat<double> out(203, 31);
-      bd::kernel::GemmArguments<double, double> a;
-      a.rows = 203, a.x = X.data(), a.ldx = 203, a.b = B.data(), a.ldb = 384;
-      a.out = out.data(), a.ldo = 203;
-      a.segments.push_back({chan.data(), 384, 0, 31});
-      bd::kernel::gemm(a, Blocking{mc, 0, 768});
-      outs.push_back(out);
-    }
+    for (Index mc : {Index(0), Index(16), Index(80)}) outs.push_back(plain_product(X, B, chan, Blocking{mc, 0, 768}));
     CHECK(outs[0] == outs[1]);
     CHECK(outs[0] == outs[2]);
     CHECK((outs[0] - X * B).cwiseAbs().maxCoeff() <= bound<double>(384) * 10);
@@ -224,15 +228,7 @@ TEST_CASE("gemm kernel: the depth per pass changes the time, not a bit of the re
     const Mat<float> X = bd_test::gaussian(37, 512, 61).cast<float>();
     const Mat<float> B = bd_test::gaussian(512, 29, 62).cast<float>();
     std::vector<Mat<float>> outs;
-    for (Index kc : {Index(0), Index(384), Index(64)}) {
-      Mat<float> out(37, 29);
-      bd::kernel::GemmArguments<float, float> a;
-      a.rows = 37, a.x = X.data(), a.ldx = 37, a.b = B.data(), a.ldb = 512;
-      a.out = out.data(), a.ldo = 37;
-      a.segments.push_back({chan.data(), 512, 0, 29});
-      bd::kernel::gemm(a, Blocking{144, kc, 768});
-      outs.push_back(out);
-    }
+    for (Index kc : {Index(0), Index(384), Index(64)}) outs.push_back(plain_product(X, B, chan, Blocking{144, kc, 768}));
     CHECK(outs[0] == outs[1]);
     CHECK(outs[0] == outs[2]);
     CHECK((outs[0] - X * B).cwiseAbs().maxCoeff() <= bound<float>(512) * 10);

@@ -83,17 +83,25 @@ inline bool cpu_has(Isa isa) {
 #endif
 }
 
+namespace detail {
+/// sysconf's size of the cache at `level` (1: L1 data, 2: L2) when the C library knows it and it
+/// lies within [low, high]; `fallback` otherwise (another C library, or a size a VM made up).
+inline long cache_bytes(int level, long low, long high, long fallback) {
+  long b = 0;
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+  b = sysconf(level == 1 ? _SC_LEVEL1_DCACHE_SIZE : _SC_LEVEL2_CACHE_SIZE);
+#else
+  (void)level;
+#endif
+  return b >= low && b <= high ? b : fallback;
+}
+}  // namespace detail
+
 /// The L1 data cache of the core the program runs on, in bytes (the GEMM's depth blocking,
 /// loop.hpp): glibc's sysconf where it knows it, else 32 KiB (every AVX2 and AVX-512 CPU has at
 /// least that). Read once.
 inline long l1d_bytes() {
-  static const long bytes = [] {
-    long b = 0;
-#ifdef _SC_LEVEL1_DCACHE_SIZE
-    b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-#endif
-    return b >= 16 * 1024 && b <= 4 * 1024 * 1024 ? b : 32 * 1024L;
-  }();
+  static const long bytes = detail::cache_bytes(1, 16L << 10, 4L << 20, 32L << 10);
   return bytes;
 }
 
@@ -101,13 +109,7 @@ inline long l1d_bytes() {
 /// glibc's sysconf where it knows it, else 512 KiB (the smallest per-core L2 among the AVX-512
 /// CPUs and AMD's AVX2 ones; Intel's AVX2 client cores have 256 KiB and report it). Read once.
 inline long l2_bytes() {
-  static const long bytes = [] {
-    long b = 0;
-#ifdef _SC_LEVEL2_CACHE_SIZE
-    b = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-    return b >= 64 * 1024 && b <= 64 * 1024 * 1024 ? b : 512 * 1024L;
-  }();
+  static const long bytes = detail::cache_bytes(2, 64L << 10, 64L << 20, 512L << 10);
   return bytes;
 }
 
