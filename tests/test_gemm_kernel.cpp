@@ -199,7 +199,7 @@ TEST_CASE("gemm kernel: the rows per block fill at most half of L2 and change th
         INFO("L2 " << l2 << ", depth " << depth << ": mc " << mc_f << " (float), " << mc_d << " (double)");
         CHECK(mc_f * kc_f * Index(sizeof(float)) <= l2 / 2);
         CHECK(mc_d * kc_d * Index(sizeof(double)) <= l2 / 2);
-        CHECK((mc_f > 0 && mc_f <= 144 && mc_d > 0 && mc_d <= 144));
+        CHECK((mc_f > 0 && mc_f <= bd::kernel::max_row_block && mc_d > 0 && mc_d <= bd::kernel::max_row_block));
         CHECK(mc_f <= bd::kernel::default_row_block<float>(depth, 2 * l2));
       }
     }

@@ -31,6 +31,10 @@ using bd::Index;
 /// on its block), only the time. mc 144 and nc 768: chosen on a 2-core Zen 4 EPYC (1 MiB L2) with
 /// both the AVX2 and the AVX-512 kernels (bench/bench_kproj.cpp): mc 96…192, nc 768 against 384
 /// or 1536 differed by less than the run-to-run noise.
+/// The most rows per A block that mc = 0 takes (row_block in loop.hpp): mc 144 measured best on
+/// a 1 MiB L2 (see Blocking).
+inline constexpr Index max_row_block = 144;
+
 struct Blocking {
   Index mc = 0;
   Index kc = 0;

@@ -231,8 +231,8 @@ Index depth_block(Index nr, Index depth = 0) {
 /// The rows of an A block when the caller leaves them to the kernel (Blocking::mc = 0), for
 /// passes of kc channels: the most whole micro-tiles (mr rows) whose packed block mc × kc fills
 /// at most half of the L2 cache — the other half for the B block's panels as they stream past,
-/// the output tiles and the next block's rows — and at most 144, the value measured best on a
-/// 1 MiB L2 (Blocking). Half of L2 is where BLIS's configurations put their A blocks (29–67 %).
+/// the output tiles and the next block's rows — and at most max_row_block (144), the value
+/// measured best on a 1 MiB L2 (Blocking). Half of L2 is where BLIS's configurations put their A blocks (29–67 %).
 /// On a 1 MiB or larger L2 every kernel's block is 144 rows; on a 512 KiB L2 (Zen 2 and 3) a
 /// double product's block of 384 channels shrinks to 80 rows, which a block of 144 (432 KiB)
 /// would have pushed out of L2 with its own B panels; on a 256 KiB L2 a float block of 512
@@ -240,7 +240,7 @@ Index depth_block(Index nr, Index depth = 0) {
 template <typename T>
 Index row_block(Index mr, Index kc, long l2 = l2_bytes()) {
   const Index fit = Index(l2 / 2) / (std::max<Index>(1, kc) * Index(sizeof(T))) / mr * mr;
-  return std::clamp<Index>(fit, mr, std::max<Index>(mr, 144));
+  return std::clamp<Index>(fit, mr, std::max<Index>(mr, max_row_block));
 }
 
 /// The packed GEMM on one kernel. Work is split as a grid: the columns (all segments side by
