@@ -24,29 +24,11 @@
 #include <cblas.h>
 #endif
 #include "interleaved.hpp"
+#include "read_rate.hpp"
 
 namespace {
 
 using bd::Index;
-
-/// Σ of n floats on every thread, each thread a contiguous share: a sequential read with no other
-/// work, sixteen sums per thread so that no add waits on the one before.
-float read_all(const float* p, Index n) {
-  constexpr Index block = 4096;
-  float total = 0;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) reduction(+ : total)
-#endif
-  for (Index b = 0; b < n / block; ++b) {
-    float acc[16] = {};
-    const float* q = p + b * block;
-    for (Index i = 0; i < block; i += 16)
-      for (int j = 0; j < 16; ++j) acc[j] += q[i + j];
-    for (float a : acc) total += a;
-  }
-  for (Index i = n / block * block; i < n; ++i) total += p[i];
-  return total;
-}
 
 void gemv_interleaved(benchmark::State& state) {
   const Index K = state.range(0), N = state.range(1);
@@ -67,7 +49,7 @@ void gemv_interleaved(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
   }};
   calls.push_back([&] {
-    float total = read_all(weight().data(), K * N);
+    float total = bd_bench::read_all(weight().data(), K * N);
     benchmark::DoNotOptimize(total);
   });
 #ifdef BD_HAVE_OPENBLAS

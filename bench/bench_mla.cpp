@@ -8,7 +8,10 @@
 //   prefill/mla_recompute/<dense|bd>/<context> the same chunk with K/V (K'/V' by Algorithm 2 for
 //                                              BD) recomputed from the cached latent;
 //   decode/mla_absorbed/interleaved/<context>  the two layers' token in turn within one benchmark
-//                                              (interleaved.hpp): medians, speedup, GFLOP/s;
+//                                              (interleaved.hpp): medians, speedup, GFLOP/s, and
+//                                              the token's floor on this machine in the same
+//                                              seconds (weights at the read rate, attention at
+//                                              the GEMM rate): bd_share_of_floor;
 //   prefill/mla_chunk/interleaved/<context>    the same for the chunk (automatic path).
 //
 // The layer is DeepSeek-V3's at full size (config.json of deepseek-ai/DeepSeek-V3): hidden 7168,
@@ -20,11 +23,13 @@
 // flash core.
 #include <benchmark/benchmark.h>
 
+#include <bd/kernel/matmul.hpp>
 #include <bd/nn/bd_attention.hpp>
 #include <bd/nn/cost_model.hpp>
 #include <bd/nn/multi_head_attention.hpp>
 
 #include "interleaved.hpp"
+#include "read_rate.hpp"
 
 namespace {
 
@@ -89,11 +94,11 @@ void decode_token(const MlaPair& pair, bool bd, const Eigen::MatrixXf& x, bd::nn
 /// FLOPs of one absorbed token over `context` cached ones: the projections (mla_cost) plus the
 /// attention over the context, which BD does not change.
 struct DecodeFlops {
-  double dense, bd;
+  double dense, bd, bd_attend;  ///< bd_attend: the attention's share of bd
   DecodeFlops(const MlaPair& pair, Index context) {
     const auto m = bd::nn::mla_cost(pair.shape, bd::nn::Mode::QKVO);
-    const double attend = m.context_flops(double(context + 1), pair.shape);
-    dense = m.decode_dense + attend, bd = m.decode_bd + attend;
+    bd_attend = m.context_flops(double(context + 1), pair.shape);
+    dense = m.decode_dense + bd_attend, bd = m.decode_bd + bd_attend;
   }
 };
 
@@ -122,15 +127,46 @@ void pair_counters(benchmark::State& state, const std::vector<double>& t, double
 
 /// decode/mla_absorbed/interleaved/<context>: the dense and BD layers' token in turn within one
 /// benchmark (interleaved.hpp), each on its own cache: medians and ratio from the same seconds.
+/// Beside them, in the same rotation, the two things a token cannot do faster than this machine
+/// allows: reading the BD layer's weights once (a plain sequential read of as many bytes,
+/// read_rate.hpp: every weight is used once a token, so they stream from memory at best at this
+/// rate) and the attention's arithmetic as the GEMMs it is (S = Q̃·Kᵀ and O = S·V for the 128
+/// query heads against one latent of `context` rows, on bd's kernel, no softmax). The token's
+/// floor is the weights' bytes at that read rate plus the attention's FLOPs at that GEMM rate;
+/// `bd_share_of_floor` is floor / BD's time (1: nothing but those two).
 void decode_absorbed_interleaved(benchmark::State& state) {
   const MlaPair& pair = mla_pair();
   const Index context = state.range(0);
   auto dense_cache = filled_cache(context, 1), bd_cache = filled_cache(context, 1);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
+  const auto cost = bd::nn::mla_cost(pair.shape, bd::nn::Mode::QKVO);
+  const Eigen::VectorXf weights = Eigen::VectorXf::Random(Index(cost.parameters_bd));
+  using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const RowMajor latent = RowMajor::Random(context + 1, kLatent + kRope);  // the cache's rows: [c | k_rope]
+  const Eigen::MatrixXf queries = Eigen::MatrixXf::Random(kHeads, kLatent + kRope);
+  Eigen::MatrixXf scores(kHeads, context + 1), outputs(kHeads, kLatent);
   const std::vector<double> t = bd_bench::time_interleaved(
-      state, {[&] { decode_token(pair, false, x, dense_cache, context); }, [&] { decode_token(pair, true, x, bd_cache, context); }});
+      state, {[&] { decode_token(pair, false, x, dense_cache, context); },
+              [&] { decode_token(pair, true, x, bd_cache, context); },
+              [&] {
+                float total = bd_bench::read_all(weights.data(), weights.size());
+                benchmark::DoNotOptimize(total);
+              },
+              [&] {
+                bd::kernel::matmul_into(queries, latent.transpose(), scores);
+                bd::kernel::matmul_into(scores, latent.leftCols(kLatent), outputs);
+                benchmark::DoNotOptimize(outputs.data());
+              }});
   const DecodeFlops f(pair, context);
   pair_counters(state, t, f.dense, f.bd);
+  // The GEMMs' FLOPs (2·heads·keys·(576 + 512)) against the attention's count (context_flops,
+  // which leaves out one add per dot): the floor takes the attention's at the GEMMs' rate.
+  const double gemm_flops = 2.0 * double(kHeads) * double(context + 1) * double(2 * kLatent + kRope);
+  const double floor = t[2] + t[3] * f.bd_attend / gemm_flops;
+  state.counters["read_GB/s"] = cost.parameters_bd * sizeof(float) / t[2] * 1e-9;
+  state.counters["attention_gemm_GFLOP/s"] = gemm_flops / t[3] * 1e-9;
+  state.counters["floor_ms"] = floor * 1e3;
+  state.counters["bd_share_of_floor"] = floor / t[1];
 }
 
 /// A chunk of kChunk tokens prefilled by the dense or the BD layer over `context` cached ones,
