@@ -192,3 +192,39 @@ TEST_CASE("MLA prefill recomputes K/V block by block over a context longer than 
     CHECK(max_rel(out, expected) <= kFp32OperatorBound);
   }
 }
+
+TEST_CASE("one workspace carried through calls of every shape gives each call's result bit for bit", "[attention][paths]") {
+  // A layer keeps Q, K, V and the heads' output in its Workspace between calls (they are reused,
+  // not allocated afresh): nothing a longer call left there may reach a shorter one's result.
+  const auto dense64 = bd_test::random_attention(mla_spec(true), 41);
+  const auto dense = dense64.cast<float>();
+  const auto bd = BDAttention<float>::prepare(dense64, allow(Mode::QKVO));
+  const MatrixXf x = bd_test::gaussian(90, dense.input_dim(), 42).cast<float>();
+  for (const bool use_bd : {false, true}) {
+    INFO((use_bd ? "BD" : "dense"));
+    const auto forward = [&](const MatrixXf& in, bd::Workspace& ws) { return use_bd ? bd.forward(in, ws) : dense.forward(in, ws); };
+    const auto prefill = [&](const MatrixXf& in, bd::nn::LatentCache<float>& c, PrefillPath p, bd::Workspace& ws) {
+      return use_bd ? bd.prefill(in, c, p, ws) : dense.prefill(in, c, p, ws);
+    };
+    bd::Workspace carried;
+    bd::nn::LatentCache<float> cache, fresh_cache;
+    for (const Index L : {Index(90), Index(7), Index(64), Index(1)}) {
+      bd::Workspace fresh;
+      INFO("forward, L = " << L);
+      CHECK(forward(x.topRows(L), carried) == forward(x.topRows(L), fresh));
+    }
+    Index done = 0;
+    for (const Index chunk : {Index(40), Index(3), Index(30)}) {
+      for (const PrefillPath path : {PrefillPath::Recompute, PrefillPath::Absorbed}) {
+        bd::Workspace fresh;
+        bd::nn::LatentCache<float> c1 = cache, c2 = fresh_cache;
+        INFO("prefill chunk " << chunk << " after " << done << ", path " << bd::nn::to_string(path));
+        CHECK(prefill(x.middleRows(done, chunk), c1, path, carried) == prefill(x.middleRows(done, chunk), c2, path, fresh));
+      }
+      bd::Workspace fresh;
+      prefill(x.middleRows(done, chunk), cache, PrefillPath::Recompute, carried);
+      prefill(x.middleRows(done, chunk), fresh_cache, PrefillPath::Recompute, fresh);
+      done += chunk;
+    }
+  }
+}

@@ -33,7 +33,7 @@ namespace detail {
 template <typename A>
 bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V,
                                                      const AttendSpec& s, const ConstRef<A>* Qr, const ConstRef<A>* Kr,
-                                                     MatrixA<A>& O) {
+                                                     Eigen::Ref<MatrixA<A>> O) {
   using bd::detail::message;
   const Index n_v = s.n_v ? s.n_v : s.n_k, d_rope = Qr && Kr ? s.d_rope : 0;
   if (K.rows() == 0)
@@ -63,27 +63,38 @@ bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, cons
 /// O (L_q × n_q·d_v) = [softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale], masked)·V_h]_h, fused and
 /// tiled on the dispatched kernel (kernel/flash_attention.hpp): no L_q × L_k matrix is formed,
 /// causal tiles are skipped, and query heads that read the same key and value heads are one
-/// product. Operands are read where they lie (a cache's rows too).
+/// product. Operands are read where they lie (a cache's rows too); O is written, not read.
+template <typename A>
+void attend_into(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const AttendSpec& s,
+                 const ConstRef<A>* Qr, const ConstRef<A>* Kr, Eigen::Ref<MatrixA<A>> O, Workspace& ws) {
+  bd::kernel::flash_attention(detail::attention_arguments<A>(Q, K, V, s, Qr, Kr, O), 0, ws);
+}
+
+/// The same, into a new matrix.
 template <typename A>
 MatrixA<A> attend(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const AttendSpec& s,
                   const ConstRef<A>* Qr = nullptr, const ConstRef<A>* Kr = nullptr, Workspace& ws = default_workspace()) {
   MatrixA<A> O(Q.rows(), s.n_q * s.d_v);
-  bd::kernel::flash_attention(detail::attention_arguments<A>(Q, K, V, s, Qr, Kr, O), 0, ws);
+  attend_into<A>(Q, K, V, s, Qr, Kr, O, ws);
   return O;
 }
 
 /// The same attention with the keys given block by block (spec.first_key_position says where a
 /// block starts): the softmax's running maximum and sum per query row are carried between
 /// calls, so keys computed on the fly are attended to as they are made and never all held.
+/// The output is written into `out` (queries × n_q·d_v, the caller's: a layer keeps it in its
+/// Workspace), which holds the unnormalised sums until finish().
 template <typename A>
 class StreamedAttention {
 public:
-  StreamedAttention(Index queries, const AttendSpec& spec, Workspace& ws = default_workspace())
+  StreamedAttention(Eigen::Ref<MatrixA<A>> out, const AttendSpec& spec, Workspace& ws = default_workspace())
       : ws_(&ws),
         spec_(spec),
-        O_(MatrixA<A>::Zero(queries, spec.n_q * spec.d_v)),
-        max_(static_cast<std::size_t>(queries * spec.n_q), -std::numeric_limits<A>::infinity()),
-        sum_(max_.size(), A(0)) {}
+        O_(out),
+        max_(static_cast<std::size_t>(out.rows() * spec.n_q), -std::numeric_limits<A>::infinity()),
+        sum_(max_.size(), A(0)) {
+    O_.setZero();
+  }
 
   /// Attends to keys at positions first_key … first_key + K.rows() − 1.
   void add(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, Index first_key,
@@ -97,17 +108,16 @@ public:
     seen_ = true;
   }
 
-  /// The attention's output, once every key has been added.
-  MatrixA<A> finish() {
+  /// Normalises the output, once every key has been added.
+  void finish() {
     if (!seen_) throw ShapeError("attention over an empty context: no key was added");
     bd::kernel::flash_attention_finish(last_);
-    return std::move(O_);
   }
 
 private:
   Workspace* ws_;
   AttendSpec spec_;
-  MatrixA<A> O_;
+  Eigen::Ref<MatrixA<A>> O_;
   std::vector<A> max_, sum_;
   bd::kernel::AttentionArguments<A> last_;
   bool seen_ = false;

@@ -5,11 +5,14 @@
 // the derived class supplies (CRTP; MultiHeadAttention: dense_projections.hpp, BDAttention: the
 // basis and coefficients):
 //
-//   queries(x_q, p)       Q (L × n_q·d_h), bias and RoPE applied, positions from p
-//   keys(z, p)            K (L × key_heads()·d_h);  values(z): V (L × value_heads()·d_v)
+//   queries(x_q, p, out)  Q (L × n_q·d_h), bias and RoPE applied, positions from p
+//   keys(z, p, out)       K (L × key heads·d_h);  values(z, out): V (L × value heads·d_v)
 //   output(O)             y (L × d_out)
 //   absorb_queries(Q)     Q̃ (L × n_q·d_c), Q̃_h·cᵀ = Q_h·K_hᵀ for every latent c
 //   absorb_values(Õ)      O (L × n_q·d_v) from Õ_h = P_h·c
+// Q, K and V are written into `out`, a ScratchMatrix of the Workspace's AttentionScratch
+// (attention_steps.hpp), and returned as views of it: they are the layer's largest intermediates
+// and are reused from call to call instead of allocated afresh.
 //   layer_shape(), cost_mode(), decomposed()   for the cost model's choice of a chunk's path
 //   config(), shared_weights(), input_dim(), kv_input_dim()
 // and for training (backward(), the gradients in the order of the layer's trainable()):
@@ -129,9 +132,10 @@ template <typename Derived, typename A>
 auto AttentionLayer<Derived, A>::forward(const Input& x, const Input& x_kv, Workspace& ws) const -> Matrix {
   require_inputs(x, x_kv);
   require_window(std::max(x.rows(), x_kv.rows()));
+  detail::AttentionScratch<A>& scratch = ws.local<detail::AttentionScratch<A>>();
   const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_kv, ws) : Matrix();
   const Input z = has_latent() ? Input(z_storage) : x_kv;
-  const Matrix K = self().keys(z, 0, ws), V = self().values(z, ws);
+  const Input K = self().keys(z, 0, scratch.keys, ws), V = self().values(z, scratch.values, ws);
   const Matrix Kr = detail::rope_keys<A>(config(), weights(), x_kv, 0, ws);
   return attend_and_output(x, K, V, Kr, 0, ws);
 }
@@ -141,9 +145,11 @@ auto AttentionLayer<Derived, A>::decode(const Input& x_new, Cache& cache, Worksp
   require_inputs(x_new, x_new);
   const Index start = cache.length();
   require_window(start + x_new.rows());
+  detail::AttentionScratch<A>& scratch = ws.local<detail::AttentionScratch<A>>();
   const Matrix z_storage = has_latent() ? detail::latent<A>(config(), weights(), x_new, ws) : Matrix();
   const Input z = has_latent() ? Input(z_storage) : x_new;
-  cache.append(self().keys(z, start, ws), self().values(z, ws), detail::rope_keys<A>(config(), weights(), x_new, start, ws));
+  cache.append(self().keys(z, start, scratch.keys, ws), self().values(z, scratch.values, ws),
+               detail::rope_keys<A>(config(), weights(), x_new, start, ws));
   return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start, ws);
 }
 
@@ -160,23 +166,25 @@ auto AttentionLayer<Derived, A>::prefill(const Input& x_new, Latent& cache, Pref
   // K/V of the context recomputed block by block and attended to as they are made: the
   // context's K and V (L × n·d_h each: 2 GB at DeepSeek's shape and 16k tokens) never exist,
   // and each block's stay in cache between their product and their use.
+  detail::AttentionScratch<A>& scratch = ws.local<detail::AttentionScratch<A>>();
   const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x_new, ws) : Matrix();
   const Input xq = has_lora() ? Input(xq_storage) : x_new;
-  const Matrix Q = self().queries(xq, start, ws);
-  const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, start, ws);
-  const Input Qr_ref(Qr);
+  const Input Q = self().queries(xq, start, scratch.queries, ws);
+  const Input Qr = detail::rope_queries<A>(c, weights(), xq, start, scratch.rope_queries, ws);
   const Index context = cache.length();
+  const Eigen::Map<Matrix> O = scratch.heads_output.take(Q.rows(), c.n_q * c.value_dim());
   std::optional<StreamedAttention<A>> attention;
   for (Index k0 = 0; k0 < context; k0 += recompute_block) {
     const Index n = std::min(recompute_block, context - k0);
     const Input z(cache.latent().middleRows(k0, n)), Kr(cache.rope_keys().middleRows(k0, n));
-    const Matrix K = self().keys(z, k0, ws), V = self().values(z, ws);
+    const Input K = self().keys(z, k0, scratch.keys, ws), V = self().values(z, scratch.values, ws);
     if (!attention)
-      attention.emplace(Q.rows(), detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim,
-                                                    c.value_dim(), start), ws);
-    attention->add(Q, K, V, k0, c.rope_dim ? &Qr_ref : nullptr, c.rope_dim ? &Kr : nullptr);
+      attention.emplace(O, detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim,
+                                             c.value_dim(), start), ws);
+    attention->add(Q, K, V, k0, c.rope_dim ? &Qr : nullptr, c.rope_dim ? &Kr : nullptr);
   }
-  return self().output(attention->finish(), ws);
+  attention->finish();
+  return self().output(O, ws);
 }
 
 template <typename Derived, typename A>
@@ -188,7 +196,9 @@ Gradients<A> AttentionLayer<Derived, A>::backward(const Input& x, const Input& x
     throw ShapeError(bd::detail::message("attention backward: dy is ", dy.rows(), "x", dy.cols(), ", expected ", x.rows(), "x",
                                          self().output_dim()));
   const AttentionConfig& c = config();
-  const Matrix Q = self().queries(x, 0, ws), K = self().keys(x_kv, 0, ws), V = self().values(x_kv, ws);
+  detail::AttentionScratch<A>& scratch = ws.local<detail::AttentionScratch<A>>();
+  const Input Q = self().queries(x, 0, scratch.queries, ws), K = self().keys(x_kv, 0, scratch.keys, ws),
+              V = self().values(x_kv, scratch.values, ws);
   const AttendSpec spec = detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim, c.value_dim(), 0);
   std::vector<A> lse;
   const Matrix O = attend_with_lse<A>(Q, K, V, spec, lse, ws);
@@ -211,12 +221,13 @@ auto AttentionLayer<Derived, A>::decode_absorbed(const Input& x_new, Latent& cac
   const Index start = cache.length();
   detail::append_latent<A>(c, weights(), x_new, cache, ws);
   const Index dc = cache.latent_dim();
+  detail::AttentionScratch<A>& scratch = ws.local<detail::AttentionScratch<A>>();
   const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x_new, ws) : Matrix();
   const Input xq = has_lora() ? Input(xq_storage) : x_new;
-  const Matrix Qt = self().absorb_queries(self().queries(xq, start, ws), ws);
-  const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, start, ws);
+  const Matrix Qt = self().absorb_queries(self().queries(xq, start, scratch.queries, ws), ws);
+  const Input Qr = detail::rope_queries<A>(c, weights(), xq, start, scratch.rope_queries, ws);
   const Input C(cache.latent());
-  const Matrix Ot = detail::attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, start, ws);
+  const Input Ot = detail::attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, start, scratch.heads_output, ws);
   return self().output(self().absorb_values(Ot, ws), ws);
 }
 
@@ -224,12 +235,14 @@ template <typename Derived, typename A>
 auto AttentionLayer<Derived, A>::attend_and_output(const Input& x, const Input& K, const Input& V, const Input& Kr,
                                                  Index first_position, Workspace& ws) const -> Matrix {
   const AttentionConfig& c = config();
+  detail::AttentionScratch<A>& scratch = ws.local<detail::AttentionScratch<A>>();
   const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x, ws) : Matrix();
   const Input xq = has_lora() ? Input(xq_storage) : x;
-  const Matrix Q = self().queries(xq, first_position, ws);
-  const Matrix Qr = detail::rope_queries<A>(c, weights(), xq, first_position, ws);
+  const Input Q = self().queries(xq, first_position, scratch.queries, ws);
+  const Input Qr = detail::rope_queries<A>(c, weights(), xq, first_position, scratch.rope_queries, ws);
   const Index n_k = K.cols() / c.head_dim, n_v = V.cols() / c.value_dim();
-  const Matrix O = detail::attend_heads<A>(c, Q, Qr, K, V, Kr, n_k, n_v, c.head_dim, c.value_dim(), first_position, ws);
+  const Input O = detail::attend_heads<A>(c, Q, Qr, K, V, Kr, n_k, n_v, c.head_dim, c.value_dim(), first_position,
+                                          scratch.heads_output, ws);
   return self().output(O, ws);
 }
 

@@ -16,17 +16,41 @@
 
 namespace bd::nn::detail {
 
-/// x·W + b on the dispatched kernel (W stored in S, converted while packed; b empty: none).
+/// y = x·W + b on the dispatched kernel (W stored in S, converted while packed; b empty: none);
+/// y is x.rows() × W.cols(), written, not read.
 template <typename A, typename S>
-MatrixA<A> project(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b, Workspace& ws) {
+void project_into(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b, Eigen::Ref<MatrixA<A>> y,
+                  Workspace& ws) {
   if (x.cols() != W.rows())
     throw ShapeError(bd::detail::message("projection: input has ", x.cols(), " columns, the weight ", W.rows(), " rows"));
-  MatrixA<A> y(x.rows(), W.cols());
   const Eigen::Matrix<A, Eigen::Dynamic, 1> bias = b.template cast<A>();
   bd::kernel::linear_into<A, S>(x.data(), x.outerStride(), x.rows(), x.cols(), W.data(), W.outerStride(), false, W.cols(),
                                 b.size() ? bias.data() : nullptr, y.data(), y.outerStride(), 0, ws);
+}
+
+/// The same, into a new matrix.
+template <typename A, typename S>
+MatrixA<A> project(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b, Workspace& ws) {
+  MatrixA<A> y(x.rows(), W.cols());
+  project_into<A, S>(x, W, b, y, ws);
   return y;
 }
+
+/// The same, into `out` (a layer's scratch, types.hpp).
+template <typename A, typename S>
+Eigen::Map<MatrixA<A>> project_into(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b,
+                                    ScratchMatrix<A>& out, Workspace& ws) {
+  Eigen::Map<MatrixA<A>> y = out.take(x.rows(), W.cols());
+  project_into<A, S>(x, W, b, y, ws);
+  return y;
+}
+
+/// The intermediates of one attention call (attention_layer.hpp), kept in its Workspace between
+/// calls (types.hpp says why): the query side, the key/value side, and the heads' output.
+template <typename A>
+struct AttentionScratch {
+  ScratchMatrix<A> queries, rope_queries, keys, values, heads_output;
+};
 
 inline void require_attention_inputs(Index d_q, Index d_kv_in, Index x_cols, Index x_kv_cols) {
   if (x_cols != d_q) throw ShapeError(message("attention input has ", x_cols, " columns, expected ", d_q));
@@ -70,12 +94,13 @@ MatrixA<A> rope_keys(const AttentionConfig& c, const AttentionWeights<S>& w, con
   return kr;
 }
 
-/// The rotated decoupled RoPE queries rope(x_q·Wq_rope) (L × n_q·rope_dim); empty without.
+/// The rotated decoupled RoPE queries rope(x_q·Wq_rope) (L × n_q·rope_dim), into `out`; empty
+/// without.
 template <typename A, typename S>
-MatrixA<A> rope_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position,
-                        Workspace& ws) {
-  if (c.rope_dim == 0) return MatrixA<A>(xq.rows(), 0);
-  MatrixA<A> qr = project<A, S>(xq, w.Wq_rope, {}, ws);
+Eigen::Map<MatrixA<A>> rope_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq,
+                                    Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
+  if (c.rope_dim == 0) return out.take(xq.rows(), 0);
+  Eigen::Map<MatrixA<A>> qr = project_into<A, S>(xq, w.Wq_rope, {}, out, ws);
   apply_rope(qr, c.n_q, c.rope_dim, c.rope_dim_theta, c.rope_scaling, first_position);
   return qr;
 }
@@ -96,14 +121,18 @@ inline AttendSpec head_spec(const AttentionConfig& c, Index n_k, Index n_v, Inde
 }
 
 /// O = softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale])·V_h for every query head (d_qk and d_v wide;
-/// the layer's own widths, or the latent's for absorbed MLA); K has n_k heads and V n_v.
+/// the layer's own widths, or the latent's for absorbed MLA), into `out`; K has n_k heads and V n_v.
 template <typename A>
-MatrixA<A> attend_heads(const AttentionConfig& c, const ConstRef<A>& Q, const ConstRef<A>& Qr, const ConstRef<A>& K,
-                        const ConstRef<A>& V, const ConstRef<A>& Kr, Index n_k, Index n_v, Index d_qk, Index d_v,
-                        Index first_position, Workspace& ws) {
+Eigen::Map<MatrixA<A>> attend_heads(const AttentionConfig& c, const ConstRef<A>& Q, const ConstRef<A>& Qr,
+                                    const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& Kr, Index n_k, Index n_v,
+                                    Index d_qk, Index d_v, Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
   const AttendSpec spec = head_spec(c, n_k, n_v, d_qk, d_v, first_position);
-  if (c.rope_dim == 0) return attend<A>(Q, K, V, spec, nullptr, nullptr, ws);
-  return attend<A>(Q, K, V, spec, &Qr, &Kr, ws);
+  Eigen::Map<MatrixA<A>> O = out.take(Q.rows(), c.n_q * d_v);
+  if (c.rope_dim == 0)
+    attend_into<A>(Q, K, V, spec, nullptr, nullptr, O, ws);
+  else
+    attend_into<A>(Q, K, V, spec, &Qr, &Kr, O, ws);
+  return O;
 }
 
 /// Absorbed decoding needs keys and values read from a latent (MLA) with no vanilla RoPE on

@@ -178,23 +178,28 @@ private:
   Mode cost_mode() const { return mode_; }
   bool decomposed() const { return true; }
 
-  Matrix queries(const Input& xq, Index first, Workspace& ws) const {
-    if (!has_qk(mode_)) return detail::dense_queries<A>(config_, dense_, xq, first, ws);
-    Matrix Q = detail::project<A, S>(xq, Bq_, beta_, ws);  // Q' = x·B + β
+  using Scratch = ScratchMatrix<A>;
+  using View = Eigen::Map<Matrix>;
+  View queries(const Input& xq, Index first, Scratch& out, Workspace& ws) const {
+    if (!has_qk(mode_)) return detail::dense_queries<A>(config_, dense_, xq, first, out, ws);
+    View Q = detail::project_into<A, S>(xq, Bq_, beta_, out, ws);  // Q' = x·B + β
     if (config_.rope_theta > 0) apply_rope(Q, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first);  // forced
     return Q;
   }
 
-  Matrix keys(const Input& z, Index first, Workspace& ws) const {
-    if (!has_qk(mode_)) return detail::dense_keys<A>(config_, dense_, z, first, ws);
-    Matrix K = bd_project<A>(z, qk_idx_, Ck_, {}, ws);  // K'_h = z[S_h] + z[R_h]·C_hᵀ, h a head of K'
+  View keys(const Input& z, Index first, Scratch& out, Workspace& ws) const {
+    if (!has_qk(mode_)) return detail::dense_keys<A>(config_, dense_, z, first, out, ws);
+    View K = out.take(z.rows(), qk_idx_.heads() * qk_idx_.head_dim);
+    bd_project_into<A>(z, qk_idx_, Ck_, K, {}, ws);  // K'_h = z[S_h] + z[R_h]·C_hᵀ, h a head of K'
     if (config_.rope_theta > 0) apply_rope(K, qk_idx_.heads(), config_.head_dim, config_.rope_theta, config_.rope_scaling, first);  // forced
     return K;
   }
 
-  Matrix values(const Input& z, Workspace& ws) const {
-    if (!has_vo(mode_)) return detail::dense_values<A>(dense_, z, ws);
-    return bd_project<A>(z, vo_idx_, Cv_, {}, ws);  // V'_h = z[S_h] + z[R_h]·C_h
+  View values(const Input& z, Scratch& out, Workspace& ws) const {
+    if (!has_vo(mode_)) return detail::dense_values<A>(dense_, z, out, ws);
+    View V = out.take(z.rows(), vo_idx_.heads() * vo_idx_.head_dim);
+    bd_project_into<A>(z, vo_idx_, Cv_, V, {}, ws);  // V'_h = z[S_h] + z[R_h]·C_h
+    return V;
   }
 
   Matrix output(const Input& O, Workspace& ws) const {
@@ -253,12 +258,12 @@ private:
 
   // Absorbed decoding over a latent (the file comment): the queries through the projection's
   // adjoint, the outputs through the projection itself, each head reading its own latent block.
-  Matrix absorb_queries(const Matrix& Q, Workspace& ws) const {
+  Matrix absorb_queries(const Input& Q, Workspace& ws) const {
     if (!has_qk(mode_)) return detail::dense_absorb_queries<A>(config_, dense_, Q, ws);
     return bd_adjoint_heads<A, S>(Q, config_.n_q, qk_idx_, Ck_, ws);
   }
 
-  Matrix absorb_values(const Matrix& Ot, Workspace& ws) const {
+  Matrix absorb_values(const Input& Ot, Workspace& ws) const {
     if (!has_vo(mode_)) return detail::dense_absorb_values<A>(config_, dense_, Ot, ws);
     if (vo_idx_.heads() != config_.n_q)
       throw RefusedError("BDAttention: absorbed decoding over a latent with VO windows per key/value group of several query heads "

@@ -23,25 +23,26 @@
 
 namespace bd::nn::detail {
 
+// Q, K and V into a layer's scratch (types.hpp), the output into a new matrix.
 template <typename A, typename S>
-MatrixA<A> dense_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq, Index first_position,
-                         Workspace& ws) {
-  MatrixA<A> Q = project<A, S>(xq, w.Wq, w.bq, ws);
+Eigen::Map<MatrixA<A>> dense_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq,
+                                     Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
+  Eigen::Map<MatrixA<A>> Q = project_into<A, S>(xq, w.Wq, w.bq, out, ws);
   if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, c.rope_scaling, first_position);
   return Q;
 }
 
 template <typename A, typename S>
-MatrixA<A> dense_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& z, Index first_position,
-                      Workspace& ws) {
-  MatrixA<A> K = project<A, S>(z, w.Wk, w.bk, ws);
+Eigen::Map<MatrixA<A>> dense_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& z,
+                                  Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
+  Eigen::Map<MatrixA<A>> K = project_into<A, S>(z, w.Wk, w.bk, out, ws);
   if (c.rope_theta > 0) apply_rope(K, c.n_kv, c.head_dim, c.rope_theta, c.rope_scaling, first_position);
   return K;
 }
 
 template <typename A, typename S>
-MatrixA<A> dense_values(const AttentionWeights<S>& w, const ConstRef<A>& z, Workspace& ws) {
-  return project<A, S>(z, w.Wv, w.bv, ws);
+Eigen::Map<MatrixA<A>> dense_values(const AttentionWeights<S>& w, const ConstRef<A>& z, ScratchMatrix<A>& out, Workspace& ws) {
+  return project_into<A, S>(z, w.Wv, w.bv, out, ws);
 }
 
 template <typename A, typename S>
@@ -68,14 +69,15 @@ void unrotate(const AttentionConfig& c, MatrixA<A>& d, Index heads, Index first_
 /// Q̃ (L × n_q·d_c): Q̃_h = Q_h·Wk_gᵀ, Wk_g read transposed in place; decoding's few rows take
 /// the heads in parallel (bd::kernel::heads_across_threads).
 template <typename A, typename S>
-MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Q, Workspace& ws) {
+MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& Q, Workspace& ws) {
   const Index L = Q.rows(), dh = c.head_dim, dc = w.Wk.rows();
   MatrixA<A> Qt(L, c.n_q * dc);
   bd::detail::parallel_for(
       c.n_q,
       [&](Index h) {
         const Index g = h / c.group();
-        bd::kernel::linear_into<A, S>(Q.data() + h * dh * L, L, L, dh, w.Wk.data() + g * dh * w.Wk.outerStride(),
+        bd::kernel::linear_into<A, S>(Q.data() + h * dh * Q.outerStride(), Q.outerStride(), L, dh,
+                                      w.Wk.data() + g * dh * w.Wk.outerStride(),
                                       w.Wk.outerStride(), true, dc, nullptr, Qt.data() + h * dc * L, L, 0, ws);
       },
       bd::kernel::heads_across_threads(L));
@@ -85,7 +87,7 @@ MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights
 /// O (L × n_q·d_v): O_h = Õ_h·Wv_g + bv_g (softmax rows sum to one, so the bias passes through);
 /// the heads shared among the threads as in dense_absorb_queries.
 template <typename A, typename S>
-MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<S>& w, const MatrixA<A>& Ot, Workspace& ws) {
+MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& Ot, Workspace& ws) {
   const Index L = Ot.rows(), dv = c.value_dim(), dc = w.Wv.rows();
   MatrixA<A> O(L, c.n_q * dv);
   const Eigen::Matrix<A, Eigen::Dynamic, 1> bias = w.bv.template cast<A>();
@@ -93,7 +95,8 @@ MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<
       c.n_q,
       [&](Index h) {
         const Index g = h / c.group();
-        bd::kernel::linear_into<A, S>(Ot.data() + h * dc * L, L, L, dc, w.Wv.data() + g * dv * w.Wv.outerStride(),
+        bd::kernel::linear_into<A, S>(Ot.data() + h * dc * Ot.outerStride(), Ot.outerStride(), L, dc,
+                                      w.Wv.data() + g * dv * w.Wv.outerStride(),
                                       w.Wv.outerStride(), false, dv, w.bv.size() ? bias.data() + g * dv : nullptr,
                                       O.data() + h * dv * L, L, 0, ws);
       },

@@ -84,14 +84,18 @@ private:
 
   // The projection policy (attention_layer.hpp): every product dense.
   const AttentionWeights<S>& shared_weights() const { return weights_; }
-  Matrix queries(const Input& xq, Index first, Workspace& ws) const {
-    return detail::dense_queries<A>(config_, weights_, xq, first, ws);
+  using Scratch = ScratchMatrix<A>;
+  using View = Eigen::Map<Matrix>;
+  View queries(const Input& xq, Index first, Scratch& out, Workspace& ws) const {
+    return detail::dense_queries<A>(config_, weights_, xq, first, out, ws);
   }
-  Matrix keys(const Input& z, Index first, Workspace& ws) const { return detail::dense_keys<A>(config_, weights_, z, first, ws); }
-  Matrix values(const Input& z, Workspace& ws) const { return detail::dense_values<A>(weights_, z, ws); }
+  View keys(const Input& z, Index first, Scratch& out, Workspace& ws) const {
+    return detail::dense_keys<A>(config_, weights_, z, first, out, ws);
+  }
+  View values(const Input& z, Scratch& out, Workspace& ws) const { return detail::dense_values<A>(weights_, z, out, ws); }
   Matrix output(const Input& O, Workspace& ws) const { return detail::dense_output<A>(weights_, O, ws); }
-  Matrix absorb_queries(const Matrix& Q, Workspace& ws) const { return detail::dense_absorb_queries<A>(config_, weights_, Q, ws); }
-  Matrix absorb_values(const Matrix& Ot, Workspace& ws) const { return detail::dense_absorb_values<A>(config_, weights_, Ot, ws); }
+  Matrix absorb_queries(const Input& Q, Workspace& ws) const { return detail::dense_absorb_queries<A>(config_, weights_, Q, ws); }
+  Matrix absorb_values(const Input& Ot, Workspace& ws) const { return detail::dense_absorb_values<A>(config_, weights_, Ot, ws); }
   const AttentionShape& layer_shape() const { return shape_; }
   Mode cost_mode() const { return Mode::QKVO; }
   bool decomposed() const { return false; }

@@ -90,13 +90,19 @@ private:
     static const AttentionWeights<Scalar> none;  // no latent, no query LoRA, no decoupled RoPE
     return none;
   }
-  Matrix queries(const Input& xq, Index first, Workspace& ws) const { return rotated(q_.forward(xq, ws), config_.n_q, first); }
-  Matrix keys(const Input& z, Index first, Workspace& ws) const { return rotated(k_.forward(z, ws), config_.n_kv, first); }
-  Matrix values(const Input& z, Workspace& ws) const { return v_.forward(z, ws); }
+  using Scratch = ScratchMatrix<A>;
+  using View = Eigen::Map<Matrix>;
+  View queries(const Input& xq, Index first, Scratch& out, Workspace& ws) const {
+    return rotated(projected(q_, xq, out, ws), config_.n_q, first);
+  }
+  View keys(const Input& z, Index first, Scratch& out, Workspace& ws) const {
+    return rotated(projected(k_, z, out, ws), config_.n_kv, first);
+  }
+  View values(const Input& z, Scratch& out, Workspace& ws) const { return projected(v_, z, out, ws); }
   Matrix output(const Input& O, Workspace& ws) const { return o_.forward(O, ws); }
   // Only MLA layers absorb (attention_layer.hpp refuses before these are reached).
-  Matrix absorb_queries(const Matrix&, Workspace&) const { throw RefusedError("ProjectedAttention has no latent to absorb into"); }
-  Matrix absorb_values(const Matrix&, Workspace&) const { throw RefusedError("ProjectedAttention has no latent to absorb into"); }
+  Matrix absorb_queries(const Input&, Workspace&) const { throw RefusedError("ProjectedAttention has no latent to absorb into"); }
+  Matrix absorb_values(const Input&, Workspace&) const { throw RefusedError("ProjectedAttention has no latent to absorb into"); }
   AttentionShape layer_shape() const { return AttentionShape{}; }
   Mode cost_mode() const { return Mode::QKVO; }
   bool decomposed() const { return false; }
@@ -127,7 +133,12 @@ private:
     return linear_backward(v_, q_.trainable_count() + k_.trainable_count(), z, dV, g, ws);
   }
 
-  Matrix rotated(Matrix m, Index heads, Index first) const {
+  static View projected(const Linear& linear, const Input& x, Scratch& out, Workspace& ws) {
+    View y = out.take(x.rows(), linear.output_dim());
+    linear.forward_into(x, y, ws);
+    return y;
+  }
+  View rotated(View m, Index heads, Index first) const {
     if (config_.rope_theta > 0) apply_rope(m, heads, config_.head_dim, config_.rope_theta, config_.rope_scaling, first);
     return m;
   }

@@ -139,24 +139,38 @@ inline std::vector<double> rope_frequencies(const RopeScaling& s, Index dim, dou
 /// Rotates `heads` blocks of `dim` columns of x in place (rotate_half pairs k, k + dim/2); row i
 /// has position first_position + i. `transposed`: the transposed map (rotation by −angle, the
 /// same scale a), which carries a gradient back through the rotation.
+///
+/// The cos/sin of each (position, pair) are computed once, in double, rounded to x's scalar, and
+/// shared by every head; the rotation then runs down whole columns (x is column-major: contiguous,
+/// vectorised), not across a row's heads, which strides through the matrix a column at a time.
 template <typename Matrix>
 void apply_rope(Matrix& x, Index heads, Index dim, double base, const RopeScaling& s, Index first_position,
                 bool transposed = false) {
   using A = typename Matrix::Scalar;
-  const Index half = dim / 2;
-  const std::vector<double> theta = rope_frequencies(s, dim, base, first_position + x.rows());
+  const Index half = dim / 2, rows = x.rows();
+  const std::vector<double> theta = rope_frequencies(s, dim, base, first_position + rows);
   const double a = s.type == RopeType::Yarn ? s.attention_factor : 1.0;
-  for (Index i = 0; i < x.rows(); ++i) {
-    const double p = double(first_position + i);
+  // cos and sin of pair k at row i: table[2·k·rows + i] and table[(2·k + 1)·rows + i].
+  std::vector<A> table(static_cast<std::size_t>(2 * half * rows));
+  for (Index k = 0; k < half; ++k) {
+    A* c = table.data() + 2 * k * rows;
+    A* sn = c + rows;
+    for (Index i = 0; i < rows; ++i) {
+      const double angle = double(first_position + i) * theta[std::size_t(k)];
+      c[i] = A(a * std::cos(angle));
+      sn[i] = A((transposed ? -a : a) * std::sin(angle));
+    }
+  }
+  for (Index h = 0; h < heads; ++h) {
     for (Index k = 0; k < half; ++k) {
-      const double angle = p * theta[std::size_t(k)];
-      const A c = A(a * std::cos(angle)), sn = A((transposed ? -a : a) * std::sin(angle));
-      for (Index h = 0; h < heads; ++h) {
-        A& x1 = x(i, h * dim + k);
-        A& x2 = x(i, h * dim + k + half);
-        const A u = x1, v = x2;
-        x1 = u * c - v * sn;
-        x2 = v * c + u * sn;
+      const A* c = table.data() + 2 * k * rows;
+      const A* sn = c + rows;
+      auto x1 = x.col(h * dim + k);
+      auto x2 = x.col(h * dim + k + half);
+      for (Index i = 0; i < rows; ++i) {
+        const A u = x1(i), v = x2(i);
+        x1(i) = u * c[i] - v * sn[i];
+        x2(i) = v * c[i] + u * sn[i];
       }
     }
   }
