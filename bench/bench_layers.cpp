@@ -6,7 +6,8 @@
 //   attention/interleaved/<L>, decode/interleaved/<context>
 //                                the dense and the BD layer called in turn within one benchmark
 //                                (interleaved.hpp): each one's median, their ratio and its share
-//                                of the FLOP ratio, from the same seconds of the machine;
+//                                of the FLOP ratio, from the same seconds of the machine; the
+//                                forward's rotation holds the GEMM yardstick too (its share);
 //   gemm/bd_kernel/<L>           the dense GEMM rate of bd's kernel in the same run (the yardstick);
 //   linear/<impl>/<shape>        L = 1024 tokens through a LLaMA2-7B projection at the rank that
 //                                keeps 80 % of its parameters (the paper's low-rank table);
@@ -192,20 +193,36 @@ void interleaved_counters(benchmark::State& state, const std::vector<double>& t,
   state.counters["kv_share"] = dense.kv / dense.total;
 }
 
-/// attention/interleaved/<L>: the dense and the BD forward over L tokens, called in turn.
+/// attention/interleaved/<L>: the dense and the BD forward over L tokens and, third, the layer's
+/// largest GEMM on bd's kernel (the output projection, L × 16384 by 16384 × 7168, gemm_rate's),
+/// called in turn: each layer's FLOP rate as a share of the GEMM rate measured in the same
+/// seconds (`mha_share_of_gemm`, `bda_share_of_gemm`), which a run-to-run GEMM figure beside
+/// it cannot give on a machine whose speed drifts within the hour.
 void attention_interleaved(benchmark::State& state) {
   const AttentionPair& pair = attention_pair();
-  const Index L = state.range(0);
+  const Index L = state.range(0), depth = kHeads * kHeadDim;
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, kHidden);
+  const Eigen::MatrixXf gx = Eigen::MatrixXf::Random(L, depth), gw = Eigen::MatrixXf::Random(depth, kHidden);
+  Eigen::MatrixXf gy(L, kHidden);
   const auto call = [&](bool bd) {
     return [&, bd] {
       Eigen::MatrixXf y = bd ? pair.bd.forward(x) : pair.dense.forward(x);
       benchmark::DoNotOptimize(y.data());
     };
   };
-  const std::vector<double> t = bd_bench::time_interleaved(state, {call(false), call(true)});
+  const auto gemm = [&] {
+    bd::kernel::linear_into<float, float>(gx.data(), L, L, depth, gw.data(), depth, false, kHidden, nullptr, gy.data(), L);
+    benchmark::DoNotOptimize(gy.data());
+    benchmark::ClobberMemory();
+  };
+  const std::vector<double> t = bd_bench::time_interleaved(state, {call(false), call(true), gemm});
   const double keys = (double(L) + 1) / 2;
-  interleaved_counters(state, t, attention_flops(double(L), keys, false), attention_flops(double(L), keys, true));
+  const LayerFlops dense = attention_flops(double(L), keys, false), bd = attention_flops(double(L), keys, true);
+  interleaved_counters(state, t, dense, bd);
+  const double rate = 2.0 * double(L) * double(depth) * double(kHidden) / t[2];
+  state.counters["gemm_GFLOP/s"] = rate * 1e-9;
+  state.counters["mha_share_of_gemm"] = dense.total / t[0] / rate;
+  state.counters["bda_share_of_gemm"] = bd.total / t[1] / rate;
 }
 
 /// decode/interleaved/<context>: one token through the dense and the BD layer, called in turn.
