@@ -10,9 +10,6 @@
 //   output(O)             y (L × d_out)
 //   absorb_queries(Q)     Q̃ (L × n_q·d_c), Q̃_h·cᵀ = Q_h·K_hᵀ for every latent c
 //   absorb_values(Õ)      O (L × n_q·d_v) from Õ_h = P_h·c
-// Q, K and V are written into `out`, a ScratchMatrix of the Workspace's AttentionScratch
-// (attention_steps.hpp), and returned as views of it: they are the layer's largest intermediates
-// and are reused from call to call instead of allocated afresh.
 //   layer_shape(), cost_mode(), decomposed()   for the cost model's choice of a chunk's path
 //   config(), shared_weights(), input_dim(), kv_input_dim()
 // and for training (backward(), the gradients in the order of the layer's trainable()):
@@ -21,6 +18,10 @@
 //   output_backward(O, ∂y, grads)            ∂O; adds the output projection's gradients
 //   queries_backward(x_q, ∂Q, p, grads)      ∂x_q; keys_backward(z, ∂K, p, grads): ∂z
 //   values_backward(z, ∂V, grads)            ∂z
+//
+// Q, K, V and the heads' output are written into a ScratchMatrix (`out`) of the Workspace's
+// AttentionScratch (attention_steps.hpp) and returned as views of it: they are the layer's
+// largest intermediates, reused from call to call instead of allocated afresh.
 //
 // z is what keys and values read: x_kv, or the MLA latent RMSNorm(x_kv·W_dkv)·g. Queries read
 // x_q: x, or RMSNorm(x·W_qa)·g_q with a query LoRA. Inputs are read in place (Eigen::Ref).
