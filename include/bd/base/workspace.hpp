@@ -18,7 +18,9 @@
 // never share one, so a stage may call another while holding its own buffers.
 //
 // Functions that take no Workspace use default_workspace(), one per process: the kernels' GEMMs
-// called from layers at inference, for instance, keep their packing space there.
+// called from layers at inference, for instance, keep their packing space there, and the
+// attention layers their Q, K, V and heads' output (as large as the longest call's: 4.5 GB after
+// a 16k-token forward at DeepSeek-V3's shape) until release().
 #pragma once
 
 #include <cstddef>
