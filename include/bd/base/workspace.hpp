@@ -19,7 +19,7 @@
 //
 // Functions that take no Workspace use default_workspace(), one per process: the kernels' GEMMs
 // called from layers at inference, for instance, keep their packing space there, and the
-// attention layers their Q, K, V and heads' output (as large as the longest call's: 4.5 GB after
+// attention layers their Q, K, V and heads' output (as large as the longest call's: 4.5 GiB after
 // a 16k-token forward at DeepSeek-V3's shape) until release().
 #pragma once
 
