@@ -193,6 +193,21 @@ void interleaved_counters(benchmark::State& state, const std::vector<double>& t,
   state.counters["kv_share"] = dense.kv / dense.total;
 }
 
+/// The layer's largest product, the output projection (L × 16384 by 16384 × 7168), as a plain
+/// GEMM on bd's kernel: the yardstick of the layers' FLOP rates (gemm_rate, attention_interleaved).
+struct OutputProjectionGemm {
+  Index L, depth = kHeads * kHeadDim;
+  Eigen::MatrixXf x, w, y;
+  explicit OutputProjectionGemm(Index rows)
+      : L(rows), x(Eigen::MatrixXf::Random(rows, depth)), w(Eigen::MatrixXf::Random(depth, kHidden)), y(rows, kHidden) {}
+  void operator()() {
+    bd::kernel::linear_into<float, float>(x.data(), L, L, depth, w.data(), depth, false, kHidden, nullptr, y.data(), L);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  double flops() const { return 2.0 * double(L) * double(depth) * double(kHidden); }
+};
+
 /// attention/interleaved/<L>: the dense and the BD forward over L tokens and, third, the layer's
 /// largest GEMM on bd's kernel (the output projection, L × 16384 by 16384 × 7168, gemm_rate's),
 /// called in turn: each layer's FLOP rate as a share of the GEMM rate measured in the same
@@ -200,26 +215,20 @@ void interleaved_counters(benchmark::State& state, const std::vector<double>& t,
 /// it cannot give on a machine whose speed drifts within the hour.
 void attention_interleaved(benchmark::State& state) {
   const AttentionPair& pair = attention_pair();
-  const Index L = state.range(0), depth = kHeads * kHeadDim;
+  const Index L = state.range(0);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, kHidden);
-  const Eigen::MatrixXf gx = Eigen::MatrixXf::Random(L, depth), gw = Eigen::MatrixXf::Random(depth, kHidden);
-  Eigen::MatrixXf gy(L, kHidden);
+  OutputProjectionGemm gemm(L);
   const auto call = [&](bool bd) {
     return [&, bd] {
       Eigen::MatrixXf y = bd ? pair.bd.forward(x) : pair.dense.forward(x);
       benchmark::DoNotOptimize(y.data());
     };
   };
-  const auto gemm = [&] {
-    bd::kernel::linear_into<float, float>(gx.data(), L, L, depth, gw.data(), depth, false, kHidden, nullptr, gy.data(), L);
-    benchmark::DoNotOptimize(gy.data());
-    benchmark::ClobberMemory();
-  };
-  const std::vector<double> t = bd_bench::time_interleaved(state, {call(false), call(true), gemm});
+  const std::vector<double> t = bd_bench::time_interleaved(state, {call(false), call(true), [&] { gemm(); }});
   const double keys = (double(L) + 1) / 2;
   const LayerFlops dense = attention_flops(double(L), keys, false), bd = attention_flops(double(L), keys, true);
   interleaved_counters(state, t, dense, bd);
-  const double rate = 2.0 * double(L) * double(depth) * double(kHidden) / t[2];
+  const double rate = gemm.flops() / t[2];
   state.counters["gemm_GFLOP/s"] = rate * 1e-9;
   state.counters["mha_share_of_gemm"] = dense.total / t[0] / rate;
   state.counters["bda_share_of_gemm"] = bd.total / t[1] / rate;
@@ -247,16 +256,9 @@ void decode_interleaved(benchmark::State& state) {
 /// The machine's dense GEMM rate on bd's kernel in the same run, at the layer's largest product
 /// (the output projection, L × 16384 by 16384 × 7168): the yardstick of the layers' FLOP/s.
 void gemm_rate(benchmark::State& state) {
-  const Index L = state.range(0), depth = kHeads * kHeadDim;
-  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, depth), w = Eigen::MatrixXf::Random(depth, kHidden);
-  Eigen::MatrixXf y(L, kHidden);
-  for (auto _ : state) {
-    bd::kernel::linear_into<float, float>(x.data(), L, L, depth, w.data(), depth, false, kHidden, nullptr, y.data(), L);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  state.counters["FLOP/s"] =
-      benchmark::Counter(2.0 * double(L) * double(depth) * double(kHidden), benchmark::Counter::kIsIterationInvariantRate);
+  OutputProjectionGemm gemm(state.range(0));
+  for (auto _ : state) gemm();
+  state.counters["FLOP/s"] = benchmark::Counter(gemm.flops(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---- linear ----------------------------------------------------------------------------------

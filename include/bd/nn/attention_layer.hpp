@@ -122,7 +122,7 @@ private:
   }
 
   Matrix attend_and_output(const Input& x, const Input& K, const Input& V, const Input& Kr, Index first_position,
-                           Workspace& ws) const;
+                           detail::AttentionScratch<A>& scratch, Workspace& ws) const;
 };
 
 // The algorithm's members, defined out of the class so that bd::compiled can hold them: a member
@@ -138,7 +138,7 @@ auto AttentionLayer<Derived, A>::forward(const Input& x, const Input& x_kv, Work
   const Input z = has_latent() ? Input(z_storage) : x_kv;
   const Input K = self().keys(z, 0, scratch.keys, ws), V = self().values(z, scratch.values, ws);
   const Matrix Kr = detail::rope_keys<A>(config(), weights(), x_kv, 0, ws);
-  return attend_and_output(x, K, V, Kr, 0, ws);
+  return attend_and_output(x, K, V, Kr, 0, scratch, ws);
 }
 
 template <typename Derived, typename A>
@@ -151,7 +151,7 @@ auto AttentionLayer<Derived, A>::decode(const Input& x_new, Cache& cache, Worksp
   const Input z = has_latent() ? Input(z_storage) : x_new;
   cache.append(self().keys(z, start, scratch.keys, ws), self().values(z, scratch.values, ws),
                detail::rope_keys<A>(config(), weights(), x_new, start, ws));
-  return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start, ws);
+  return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start, scratch, ws);
 }
 
 template <typename Derived, typename A>
@@ -234,9 +234,9 @@ auto AttentionLayer<Derived, A>::decode_absorbed(const Input& x_new, Latent& cac
 
 template <typename Derived, typename A>
 auto AttentionLayer<Derived, A>::attend_and_output(const Input& x, const Input& K, const Input& V, const Input& Kr,
-                                                 Index first_position, Workspace& ws) const -> Matrix {
+                                                 Index first_position, detail::AttentionScratch<A>& scratch,
+                                                 Workspace& ws) const -> Matrix {
   const AttentionConfig& c = config();
-  detail::AttentionScratch<A>& scratch = ws.local<detail::AttentionScratch<A>>();
   const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x, ws) : Matrix();
   const Input xq = has_lora() ? Input(xq_storage) : x;
   const Input Q = self().queries(xq, first_position, scratch.queries, ws);
