@@ -369,15 +369,18 @@ void linear(benchmark::State& state, const std::string& impl, const LinearShape&
 }
 
 /// linear/interleaved/<shape>: BDLinear, its low-rank twin on bd's kernel, and that twin on
-/// OpenBLAS (where built), one call each per iteration in rotating order (interleaved.hpp); BD
-/// against the faster twin is the figure the targets name.
+/// OpenBLAS (where built), one call each per iteration in balanced orders (interleaved.hpp;
+/// OpenBLAS settles, untimed, after its call); BD against the faster twin is the figure the
+/// targets name.
 void linear_interleaved(benchmark::State& state, const LinearShape& s) {
   LinearRun run(s);
   std::vector<std::function<void()>> calls{linear_call("bd", s, run), linear_call("lowrank_kernel", s, run)};
+  std::vector<double> settle;
 #ifdef BD_HAVE_OPENBLAS
   calls.push_back(linear_call("lowrank_openblas", s, run));
+  settle = {0, 0, bd_bench::kOpenBlasSettleSeconds};
 #endif
-  const std::vector<double> t = bd_bench::time_interleaved(state, calls);
+  const std::vector<double> t = bd_bench::time_interleaved(state, calls, settle);
   const LinearFlops f(s);
   const double twin = calls.size() > 2 ? std::min(t[1], t[2]) : t[1];
   state.counters["bd_ms"] = t[0] * 1e3;
@@ -419,7 +422,7 @@ int register_all() {
           ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
     benchmark::RegisterBenchmark(("linear/interleaved/" + s.name()).c_str(),
                                  [s](benchmark::State& st) { linear_interleaved(st, s); })
-        ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+        ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(4.0);
     // The BD_CPU sweep: BDLinear on each instruction set this CPU runs.
     for (bd::kernel::Isa isa : {bd::kernel::Isa::Portable, bd::kernel::Isa::AVX2, bd::kernel::Isa::AVX512}) {
       if (!bd::kernel::cpu_has(isa)) continue;

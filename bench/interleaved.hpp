@@ -3,9 +3,17 @@
 //
 // These shared 2-core machines drift by ±10 % (and more) over seconds: two benchmarks run one
 // after the other can see different machines, and a 5 % difference between them says nothing.
-// Here every iteration runs each implementation once, each between its own clock reads, starting
-// with a different one each iteration (a rotation), and the result is each one's median call.
-// A slow spell slows all of them alike, so their ratios hold where their times do not.
+// Here every iteration runs each implementation once, each between its own clock reads, and the
+// result is each one's median call. A slow spell slows all of them alike, so their ratios hold
+// where their times do not.
+//
+// The order changes every iteration so that each call follows every other call equally often: a
+// call is timed in the wake of the one before it — OpenBLAS's worker threads spin for a while
+// after a call returns, on the same two cores, and a product leaves its operands in the caches —
+// and a plain rotation of three calls puts the same one before a given call two times in three
+// (BDLinear followed OpenBLAS's call in 2 of 3 iterations and ran 5-10 % slower than after its
+// twin; docs/benchmarks.md). The orders below, found by exhaustive search, make every ordered
+// pair of different calls adjacent exactly once per cycle, the cycle's wrap included.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -14,24 +22,59 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <thread>
 #include <vector>
 
 namespace bd_bench {
 
-/// Runs each of `calls` once per iteration of `state`, in an order that rotates every iteration;
-/// returns each call's median time in seconds, in the order of `calls`.
-inline std::vector<double> time_interleaved(benchmark::State& state, const std::vector<std::function<void()>>& calls) {
+/// The iterations' orders of n calls, one cycle: consecutive orders concatenated (and the last
+/// followed by the first) put each ordered pair (a, b), a ≠ b, side by side exactly once. For more
+/// than five calls, a rotation (each call then follows one other more often than the rest).
+inline std::vector<std::vector<std::size_t>> balanced_orders(std::size_t n) {
+  switch (n) {
+    case 0: return {};
+    case 1: return {{0}};
+    case 2: return {{0, 1}};
+    case 3: return {{0, 1, 2}, {0, 2, 1}};
+    case 4: return {{0, 1, 2, 3}, {0, 2, 1, 3}, {1, 0, 3, 2}};
+    case 5: return {{0, 1, 2, 3, 4}, {0, 2, 1, 4, 3}, {0, 3, 2, 4, 1}, {3, 1, 0, 4, 2}};
+    default: {
+      std::vector<std::vector<std::size_t>> orders(n, std::vector<std::size_t>(n));
+      for (std::size_t first = 0; first < n; ++first)
+        for (std::size_t i = 0; i < n; ++i) orders[first][i] = (first + i) % n;
+      return orders;
+    }
+  }
+}
+
+/// How long OpenBLAS's worker threads keep polling after a call returns: its pthreads server
+/// (Debian's libopenblas0-pthread) spins for 2^28 TSC cycles, 0.13 s at this machine's 2.1 GHz
+/// TSC, before it sleeps — on the same cores as whatever runs next. bd's calls timed right after
+/// an OpenBLAS call ran 5–18 % slower than after another bd call, and as fast once 0.3 s had
+/// passed (docs/benchmarks.md).
+inline constexpr double kOpenBlasSettleSeconds = 0.3;
+
+/// Runs each of `calls` once per iteration of `state`, in the orders of balanced_orders in turn;
+/// returns each call's median time in seconds, in the order of `calls`. settle[k], where given,
+/// is how long to wait after call k with the clock stopped (kOpenBlasSettleSeconds after an
+/// OpenBLAS call), so that it leaves no thread spinning into the next call's time.
+inline std::vector<double> time_interleaved(benchmark::State& state, const std::vector<std::function<void()>>& calls,
+                                            const std::vector<double>& settle = {}) {
   const std::size_t n = calls.size();
+  const std::vector<std::vector<std::size_t>> orders = balanced_orders(n);
   std::vector<std::vector<double>> seconds(n);
-  std::size_t first = 0;
+  std::size_t iteration = 0;
   for (auto _ : state) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t k = (first + i) % n;
+    for (const std::size_t k : orders[iteration++ % orders.size()]) {
       const auto start = std::chrono::steady_clock::now();
       calls[k]();
       seconds[k].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (k < settle.size() && settle[k] > 0) {
+        state.PauseTiming();
+        std::this_thread::sleep_for(std::chrono::duration<double>(settle[k]));
+        state.ResumeTiming();
+      }
     }
-    first = (first + 1) % n;
   }
   std::vector<double> medians(n, 0.0);
   for (std::size_t k = 0; k < n; ++k) {
