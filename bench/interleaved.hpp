@@ -11,9 +11,10 @@
 // call is timed in the wake of the one before it — OpenBLAS's worker threads spin for a while
 // after a call returns, on the same two cores, and a product leaves its operands in the caches —
 // and a plain rotation of three calls puts the same one before a given call two times in three
-// (BDLinear followed OpenBLAS's call in 2 of 3 iterations and ran 5-10 % slower than after its
-// twin; docs/benchmarks.md). The orders below, found by exhaustive search, make every ordered
-// pair of different calls adjacent exactly once per cycle, the cycle's wrap included.
+// (BDLinear followed OpenBLAS's call in 2 of 3 iterations, and ran a median 8 % slower after it
+// than after its twin; docs/benchmarks.md). The orders below, found by exhaustive search, make
+// every ordered pair of different calls adjacent exactly once per cycle, the cycle's wrap
+// included; time_interleaved checks that before it times anything.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -50,9 +51,23 @@ inline std::vector<std::vector<std::size_t>> balanced_orders(std::size_t n) {
 /// How long OpenBLAS's worker threads keep polling after a call returns: its pthreads server
 /// (Debian's libopenblas0-pthread) spins for 2^28 TSC cycles, 0.13 s at this machine's 2.1 GHz
 /// TSC, before it sleeps — on the same cores as whatever runs next. bd's calls timed right after
-/// an OpenBLAS call ran 5–18 % slower than after another bd call, and as fast once 0.3 s had
-/// passed (docs/benchmarks.md).
+/// an OpenBLAS call ran up to 18 % slower than after another bd call (a median 8–9 % over six
+/// runs), and as fast once 0.3 s had passed (docs/benchmarks.md).
 inline constexpr double kOpenBlasSettleSeconds = 0.3;
+
+/// Whether consecutive orders (the last followed by the first) put every ordered pair of
+/// different calls side by side equally often.
+inline bool is_balanced(const std::vector<std::vector<std::size_t>>& orders, std::size_t n) {
+  std::vector<std::size_t> sequence;
+  for (const auto& order : orders) sequence.insert(sequence.end(), order.begin(), order.end());
+  std::vector<std::size_t> pairs(n * n, 0);
+  for (std::size_t i = 0; i < sequence.size(); ++i)
+    ++pairs[sequence[(i + sequence.size() - 1) % sequence.size()] * n + sequence[i]];
+  for (std::size_t a = 0; a < n; ++a)
+    for (std::size_t b = 0; b < n; ++b)
+      if (a != b && pairs[a * n + b] != pairs[1]) return false;
+  return true;
+}
 
 /// Runs each of `calls` once per iteration of `state`, in the orders of balanced_orders in turn;
 /// returns each call's median time in seconds, in the order of `calls`. settle[k], where given,
@@ -62,6 +77,10 @@ inline std::vector<double> time_interleaved(benchmark::State& state, const std::
                                             const std::vector<double>& settle = {}) {
   const std::size_t n = calls.size();
   const std::vector<std::vector<std::size_t>> orders = balanced_orders(n);
+  if (n >= 2 && n <= 5 && !is_balanced(orders, n)) {
+    state.SkipWithError("interleaved.hpp: balanced_orders is not balanced");
+    return std::vector<double>(n, 0.0);
+  }
   std::vector<std::vector<double>> seconds(n);
   std::size_t iteration = 0;
   for (auto _ : state) {
