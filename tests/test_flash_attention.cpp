@@ -141,7 +141,9 @@ constexpr double kFloat = 1e-5, kDouble = 1e-13;
 const Shape kShapes[] = {
     {1, 1, 1, 1, 1, 8, 0, 8, false},             // one query, one key
     {5, 7, 2, 2, 2, 8, 0, 5, false},             // smaller than every tile
-    {70, 70, 3, 3, 3, 16, 0, 13, true},          // causal, rows across two tasks, odd widths
+    {70, 70, 3, 3, 3, 16, 0, 13, true},          // causal, odd widths
+    {600, 600, 2, 2, 2, 16, 8, 12, true},        // causal, each head's rows in three or more tasks (≤ 256 rows each)
+    {150, 300, 4, 2, 2, 16, 0, 16, true, 150},   // GQA 2:1, 300 rows a group: a task's rows run from one head into the next
     {130, 700, 2, 2, 2, 24, 8, 20, true, 570},   // chunked prefill: queries at 570…699, several key blocks
     {33, 400, 8, 2, 2, 16, 0, 16, true, 367},    // GQA 4:1, the group's rows stacked
     {1, 513, 16, 1, 1, 64, 16, 64, true, 512},   // absorbed decoding: 16 heads against one latent
@@ -194,9 +196,11 @@ TEST_CASE("flash attention: the online softmax stays exact with scores of ±1e4"
 TEST_CASE("flash attention gives the same result on one thread and on all", "[kernel][flash]") {
   // Each (head, row block) task runs whole on one thread, in the same order of key blocks, and
   // keys are split into chunks by the shape alone: the partition of tasks over threads changes
-  // nothing, to the bit. The second shape splits its keys (absorbed decoding).
+  // nothing, to the bit. The second shape has several row blocks per head, the third splits its
+  // keys (absorbed decoding).
   bd_test::for_each_isa([&] {
-    for (const Shape& s : {Shape{100, 300, 4, 2, 2, 16, 8, 16, true, 200}, Shape{1, 4000, 48, 1, 1, 32, 8, 32, true, 3999}}) {
+    for (const Shape& s : {Shape{100, 300, 4, 2, 2, 16, 8, 16, true, 200}, Shape{700, 700, 2, 2, 2, 16, 8, 16, true},
+                           Shape{1, 4000, 48, 1, 1, 32, 8, 32, true, 3999}}) {
       const auto [one, one_error] = attend<float>(s, 9, 1);
       const auto [all, all_error] = attend<float>(s, 9, 0);
       CHECK(one_error <= kFloat);

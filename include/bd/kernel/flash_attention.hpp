@@ -77,13 +77,24 @@ struct AttentionArguments {
 
 namespace detail {
 
-/// Query rows per task and keys per block. 64 rows amortise packing the keys (once per task and
-/// block) against 64× the arithmetic; a key block's packed keys and values stay within 256 KB
-/// (L2 on every CPU bd targets), and whole NR panels of every kernel (12, 6, 4).
-inline Index flash_row_block(Index mr) { return round_up(64, mr); }
+/// Keys per block and query rows per task, from the core's L2 (cpu.hpp). A task packs each key
+/// block once for all of its rows, so the packing's share of the work falls as 1 / rows: at the
+/// 64 rows of old, packing keys and values took a third of a causal 1024-token prefill at
+/// DeepSeek-V3's shape (Zen 5), and 256 rows ran it 1.5–1.7× faster. What must stay in L2 while a
+/// block's panels are computed is the block's packed keys and values — within a quarter of L2
+/// (at most 256 KiB), whole NR panels of every kernel (12, 6, 4) — and the task's packed queries
+/// and output accumulators, D + d_v values a row, within half of it: 256 rows (at most) with a
+/// 1 MiB L2, 192 with 512 KiB (Zen 3) at that shape. Neither changes a row's sums with the
+/// threads: the row block does not change them at all (a row's panel and key blocks are the
+/// same), the key block only with the L2.
 inline Index flash_key_block(Index depth, Index d_v, std::size_t bytes) {
-  const Index fit = Index(256 * 1024 / bytes) / std::max<Index>(1, depth + d_v);
+  const long budget = std::min<long>(256L << 10, l2_bytes() / 4);
+  const Index fit = Index(budget / long(bytes)) / std::max<Index>(1, depth + d_v);
   return std::clamp<Index>(fit / 12 * 12, 12, 384);
+}
+inline Index flash_row_block(Index mr, Index depth, Index d_v, std::size_t bytes) {
+  const Index fit = Index(l2_bytes() / 2 / long(bytes)) / std::max<Index>(1, depth + d_v);
+  return std::clamp<Index>(fit / mr * mr, round_up(64, mr), round_up(256, mr));
 }
 
 /// A thread's attention scratch, kept in its Workspace: every worker's packed blocks, scores,
@@ -226,12 +237,14 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   const Index rows = group * whole.q_len, D = whole.d_qk + whole.d_rope, dv = whole.d_v;
   const Index chunks = key_chunks(whole, rows);
   // Split keys: a task takes all of its group's rows, so each key is packed once (key_chunks).
-  const Index Bq = chunks > 1 ? round_up(rows, MR) : flash_row_block(MR), Bk = flash_key_block(D, dv, sizeof(T));
+  const Index Bk = flash_key_block(D, dv, sizeof(T)), dv_padded = round_up(dv, NR);
+  const Index Bq = chunks > 1 ? round_up(rows, MR) : flash_row_block(MR, D, dv_padded, sizeof(T));
   const Index row_blocks = (rows + Bq - 1) / Bq, tasks = groups * row_blocks;
-  const Index panels = Bq / MR, dv_padded = round_up(dv, NR);
-  // Per worker: packed queries, keys and values of one block, scores, output accumulators,
-  // and the rows' running max, sum, rescaling factor and position.
-  const Index q_size = Bq * D, k_size = round_up(Bk, NR) * D, v_size = Bk * dv_padded, s_size = Bq * round_up(Bk, NR);
+  const Index panels = Bq / MR;
+  // Per worker: packed queries, keys and values of one block, one panel's scores (used up before
+  // the next panel's), output accumulators, and the rows' running max, sum, rescaling factor and
+  // position.
+  const Index q_size = Bq * D, k_size = round_up(Bk, NR) * D, v_size = Bk * dv_padded, s_size = MR * round_up(Bk, NR);
   const Index o_size = Bq * dv_padded, stats = 3 * Bq;
   const Index per_worker = q_size + k_size + v_size + s_size + o_size + stats;
   const Index workers = std::max(1, threads);
@@ -258,12 +271,20 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
       parts[c] = part;
     }
   }
+  // Task t is group t / row_blocks, and a group's row blocks go last first. A group's tasks thus run
+  // one after another and read its keys and values (every task packs those its rows see) from
+  // cache: with the groups interleaved (t % groups), every task read them from memory, and a
+  // causal 1024-token prefill at DeepSeek-V3's shape ran 1.3× slower (Zen 5). Last first because
+  // under the causal mask a block's work grows with its rows' positions: the last task handed out
+  // is the smallest block of the last group, not a large one that one thread runs alone.
+  const auto task_group = [&](Index task) { return task / row_blocks; };
+  const auto task_first_row = [&](Index task) { return (row_blocks - 1 - task % row_blocks) * Bq; };
   // A task's rows (query head and token of each; rows past the end are never masked) and its
   // queries, scaled: qp[p·MR·D + k·MR + i] for row p·MR + i of the block, zero rows past the end.
   // Channel by channel, each read down a column of Q: row by row, every read was a column apart,
   // and packing and unpacking rows that way took half of the attention's time.
   const auto prepare_rows = [&](Index task, Index* pos, T* qp) {
-    const Index g = task % groups, r0 = (row_blocks - 1 - task / groups) * Bq, nrows = std::min(Bq, rows - r0);
+    const Index g = task_group(task), r0 = task_first_row(task), nrows = std::min(Bq, rows - r0);
     Index* const head = pos + Bq;
     Index* const token = head + Bq;
     for (Index i = 0; i < Bq; ++i) {
@@ -322,10 +343,7 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
     T* const l = m + Bq;
     T* const alpha = l + Bq;
     Index* const pos = positions + me * 3 * Bq;
-    // Last row blocks first: under the causal mask a block's work grows with its rows' positions,
-    // and handing out the largest tasks first (every group's last block, then the ones before)
-    // lets the small ones fill in at the end instead of one thread starting a large one alone.
-    const Index g = task % groups, r0 = (row_blocks - 1 - task / groups) * Bq, nrows = std::min(Bq, rows - r0);
+    const Index g = task_group(task), r0 = task_first_row(task), nrows = std::min(Bq, rows - r0);
     const Index kh = g * a.n_k / groups, vh = g * a.n_v / groups;
 
     if (chunks == 1) prepare_rows(task, pos, qp);
@@ -370,7 +388,7 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
         // computed and P·V stops before them. Their weights would be e^−∞ = 0 exactly, so the
         // sums are the same to the bit; on the causal diagonal this halves the block's work.
         const Index kn = std::min(bk, highest + 1 - key0);
-        T* s = sp + p * MR * round_up(Bk, NR);
+        T* s = sp;
         // S = Q·Kᵀ, key-major (column j of the tile is key j): the packed A of P·V.
         for (Index j0 = 0; j0 < kn; j0 += NR) {
           T* dst[max_tile_columns];
