@@ -79,14 +79,14 @@ namespace detail {
 
 /// Keys per block and query rows per task, from the core's L2 (cpu.hpp). A task packs each key
 /// block once for all of its rows, so the packing's share of the work falls as 1 / rows: at the
-/// 64 rows of old, packing keys and values took a third of a causal 1024-token prefill at
-/// DeepSeek-V3's shape (Zen 5), and 256 rows ran it 1.5–1.7× faster. What must stay in L2 while a
-/// block's panels are computed is the block's packed keys and values — within a quarter of L2
-/// (at most 256 KiB), whole NR panels of every kernel (12, 6, 4) — and the task's packed queries
-/// and output accumulators, D + d_v values a row, within half of it: 256 rows (at most) with a
-/// 1 MiB L2, 192 with 512 KiB (Zen 3) at that shape. Neither changes a row's sums with the
-/// threads: the row block does not change them at all (a row's panel and key blocks are the
-/// same), the key block only with the L2.
+/// 64 rows of old, packing keys and values took over a quarter of a causal 1024-token prefill's
+/// attention at DeepSeek-V3's shape (Zen 5, perf), and 256 rows ran it 1.17× faster. What must
+/// stay in L2 while a block's panels are computed is the block's packed keys and values — within
+/// a quarter of L2 (at most 256 KiB), whole NR panels of every kernel (12, 6, 4) — and the task's
+/// packed queries and output accumulators, D + d_v values a row, within half of it: 256 rows (at
+/// most) with a 1 MiB L2, about 200 with 512 KiB (Zen 3) at that shape. Neither changes a row's
+/// sums with the threads: the row block does not change them at all (a row's panels and key
+/// blocks are the same), the key block only with the L2.
 inline Index flash_key_block(Index depth, Index d_v, std::size_t bytes) {
   const long budget = std::min<long>(256L << 10, l2_bytes() / 4);
   const Index fit = Index(budget / long(bytes)) / std::max<Index>(1, depth + d_v);
@@ -117,7 +117,7 @@ constexpr Index flash_max_chunks() { return 64; }
 
 /// Into how many chunks a call's keys are split, each attended to as its own task and the
 /// results merged (FlashDecoding, Dao et al. 2023). Absorbed MLA decoding is 128 query rows
-/// against one long latent: as row blocks of 64 it made two tasks, each packing every key and
+/// against one long latent: as row blocks of 64 (the row block then) it made two tasks, each packing every key and
 /// value for its 64 rows, so each key was packed twice and served 64 rows each time. Split, a
 /// task takes all of its group's rows and each key is packed once. Chosen from the shape only,
 /// never from the thread count: a row's sums run in the same order whatever the threads, so one
