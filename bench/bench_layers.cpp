@@ -8,6 +8,8 @@
 //                                (interleaved.hpp): each one's median, their ratio and its share
 //                                of the FLOP ratio, from the same seconds of the machine; the
 //                                forward's rotation holds the GEMM yardstick too (its share);
+//   attention/flash/<L>          the layers' attention alone (flash attention, causal), with the
+//                                GEMM yardstick in turn: its share of the GEMM rate;
 //   gemm/bd_kernel/<L>           the dense GEMM rate of bd's kernel in the same run (the yardstick);
 //   linear/<impl>/<shape>        L = 1024 tokens through a LLaMA2-7B projection at the rank that
 //                                keeps 80 % of its parameters (the paper's low-rank table);
@@ -40,6 +42,7 @@
 #include <vector>
 
 #include <bd/nn/bd_attention.hpp>
+#include <bd/kernel/flash_attention.hpp>
 #include <bd/kernel/matmul.hpp>
 #include <bd/nn/bd_linear.hpp>
 #include <bd/nn/multi_head_attention.hpp>
@@ -234,6 +237,38 @@ void attention_interleaved(benchmark::State& state) {
   state.counters["bda_share_of_gemm"] = bd.total / t[1] / rate;
 }
 
+/// attention/flash/<L>: the layer's attention alone — flash attention's causal softmax(Q·Kᵀ)·V for
+/// its 128 heads over L tokens (d_qk 128 + RoPE 64, d_v 128), as the forward calls it — and the
+/// output projection's GEMM (gemm_rate's) in turn: its FLOP rate (the causal half of the scores
+/// and P·V, what the kernel must do) and its share of the GEMM's from the same seconds.
+void flash_interleaved(benchmark::State& state) {
+  const Index L = state.range(0);
+  const Eigen::MatrixXf q = Eigen::MatrixXf::Random(L, kHeads * kHeadDim), qr = Eigen::MatrixXf::Random(L, kHeads * kRopeDim);
+  const Eigen::MatrixXf k = Eigen::MatrixXf::Random(L, kHeads * kHeadDim), kr = Eigen::MatrixXf::Random(L, kRopeDim);
+  const Eigen::MatrixXf v = Eigen::MatrixXf::Random(L, kHeads * kHeadDim);
+  Eigen::MatrixXf out(L, kHeads * kHeadDim);
+  bd::kernel::AttentionArguments<float> a;
+  a.q_len = a.k_len = L;
+  a.n_q = a.n_k = a.n_v = kHeads;
+  a.d_qk = a.d_v = kHeadDim, a.d_rope = kRopeDim;
+  a.q = q.data(), a.qr = qr.data(), a.k = k.data(), a.kr = kr.data(), a.v = v.data(), a.out = out.data();
+  a.ldq = a.ldqr = a.ldk = a.ldkr = a.ldv = a.ldo = L;
+  a.scale = 1 / std::sqrt(float(kHeadDim + kRopeDim));
+  a.causal = true;
+  OutputProjectionGemm gemm(L);
+  const std::vector<double> t = bd_bench::time_interleaved(state, {[&] {
+                                                                     bd::kernel::flash_attention(a);
+                                                                     benchmark::DoNotOptimize(out.data());
+                                                                   },
+                                                                   [&] { gemm(); }});
+  const double flops = 2 * double(L) * (double(L) + 1) / 2 * kHeads * (kHeadDim + kRopeDim + kHeadDim);
+  const double rate = gemm.flops() / t[1];
+  state.counters["flash_ms"] = t[0] * 1e3;
+  state.counters["flash_GFLOP/s"] = flops / t[0] * 1e-9;
+  state.counters["gemm_GFLOP/s"] = rate * 1e-9;
+  state.counters["share_of_gemm"] = flops / t[0] / rate;
+}
+
 /// decode/interleaved/<context>: one token through the dense and the BD layer, called in turn.
 /// Both read one cache — K and K' (V and V') have the same shape here and their values do not
 /// change the work — so the run holds one cache (2 GiB at 16k context), not two.
@@ -402,6 +437,7 @@ int register_all() {
   }
   benchmark::RegisterBenchmark("attention/interleaved", attention_interleaved)
       ->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+  benchmark::RegisterBenchmark("attention/flash", flash_interleaved)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
   benchmark::RegisterBenchmark("decode/interleaved", decode_interleaved)
       ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
   benchmark::RegisterBenchmark("gemm/bd_kernel", gemm_rate)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
