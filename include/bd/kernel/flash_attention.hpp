@@ -279,6 +279,12 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   // is the smallest block of the last group, not a large one that one thread runs alone.
   const auto task_group = [&](Index task) { return task / row_blocks; };
   const auto task_first_row = [&](Index task) { return (row_blocks - 1 - task % row_blocks) * Bq; };
+  // Whether the panel at row p0 of a task's nrows rows is MR consecutive tokens of one head (every
+  // full panel of a prefill, but where a head's tokens end): its queries and outputs are then one
+  // contiguous run per channel.
+  const auto consecutive_tokens = [&](const Index* token, Index p0, Index nrows) {
+    return p0 + MR <= nrows && token[p0] + MR <= whole.q_len;
+  };
   // A task's rows (query head and token of each; rows past the end are never masked) and its
   // queries, scaled: qp[p·MR·D + k·MR + i] for row p·MR + i of the block, zero rows past the end.
   // Channel by channel, each read down a column of Q: row by row, every read was a column apart,
@@ -302,11 +308,11 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
       const T* from = rope ? whole.qr + (k - whole.d_qk) * whole.ldqr : whole.q + k * whole.ldq;
       const Index head_stride = rope ? whole.d_rope * whole.ldqr : whole.d_qk * whole.ldq;
       // Row i = p0 + t of the block sits at qp[p0·D + k·MR + t] (panel by panel: MR is a run-time
-      // value here, and a division per element cost 5–10 % of a causal prefill). A panel whose
-      // rows are MR consecutive tokens of one head (a prefill's, but where a head's tokens end)
-      // reads one contiguous run of the column: a vector loop instead of a gather per element.
+      // value here, and a division per element cost 5–10 % of a causal prefill). A panel of
+      // consecutive tokens reads one contiguous run of the column: a vector loop instead of a
+      // gather per element.
       for (Index p0 = 0; p0 < Bq; p0 += MR) {
-        if (p0 + MR <= nrows && token[p0] + MR <= whole.q_len) {
+        if (consecutive_tokens(token, p0, nrows)) {
           const T* run = from + head[p0] * head_stride + token[p0];
           for (Index t = 0; t < MR; ++t) to[p0 * D + t] = run[t] * whole.scale;
           continue;
@@ -427,7 +433,7 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
     } else {  // a panel of MR consecutive tokens of one head writes one contiguous run per channel
       for (Index c = 0; c < dv; ++c)
         for (Index p0 = 0; p0 < nrows; p0 += MR) {
-          if (p0 + MR <= nrows && token[p0] + MR <= a.q_len) {
+          if (consecutive_tokens(token, p0, nrows)) {
             T* const run = a.out + (head[p0] * dv + c) * a.ldo + token[p0];
             const T* const from = op + p0 * dv_padded + c * MR;
             for (Index t = 0; t < MR; ++t) run[t] = from[t] * alpha[p0 + t];
