@@ -101,11 +101,14 @@ const AttentionPair& attention_pair() {
 struct LayerFlops {
   double total, kv;
 };
+/// The attention's own FLOPs, scores and P·V, for L query tokens seeing `keys` keys on average.
+double attend_flops(double L, double keys) { return 2 * L * keys * kHeads * (kHeadDim + kRopeDim + kHeadDim); }
+
 LayerFlops attention_flops(double L, double keys, bool bd) {
-  const double d_qk = kHeadDim + kRopeDim, n_dh = double(kHeads * kHeadDim);
+  const double n_dh = double(kHeads * kHeadDim);
   const double kv = 2 * L * 2 * (bd ? kLatent - kHeadDim : kLatent) * n_dh;           // K and V
   const double proj = 2 * L * (kHidden * (n_dh + kHeads * kRopeDim + kLatent + kRopeDim) + n_dh * kHidden);
-  const double attend = 2 * L * keys * kHeads * (d_qk + kHeadDim);                        // scores and P·V
+  const double attend = attend_flops(L, keys);
   return {proj + kv + attend, kv};
 }
 
@@ -261,7 +264,7 @@ void flash_interleaved(benchmark::State& state) {
                                                                      benchmark::DoNotOptimize(out.data());
                                                                    },
                                                                    [&] { gemm(); }});
-  const double flops = 2 * double(L) * (double(L) + 1) / 2 * kHeads * (kHeadDim + kRopeDim + kHeadDim);
+  const double flops = attend_flops(double(L), (double(L) + 1) / 2);
   const double rate = gemm.flops() / t[1];
   state.counters["flash_ms"] = t[0] * 1e3;
   state.counters["flash_GFLOP/s"] = flops / t[0] * 1e-9;
