@@ -10,7 +10,6 @@
 
 #include <cmath>
 #include <memory>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -19,6 +18,7 @@
 
 #include "bd/base/deferred.hpp"
 #include "bd/base/error.hpp"
+#include "bd/base/random.hpp"
 #include "bd/base/workspace.hpp"
 #include "bd/core/options.hpp"
 #include "bd/kernel/cholesky.hpp"
@@ -61,9 +61,11 @@ struct FactoredProduct {
 /// Options::seed (every product of a call shares it), so preparation is reproducible.
 BD_DEFERRED std::shared_ptr<const Eigen::MatrixXd> sketch_matrix(Index m, const Options& opts) {
   const Index k = std::max<Index>(1, opts.sketch_columns);
-  std::mt19937_64 rng(opts.seed);
-  std::normal_distribution<double> normal;
-  return std::make_shared<const Eigen::MatrixXd>(Eigen::MatrixXd::NullaryExpr(m, k, [&]() { return normal(rng); }));
+  Random rng(opts.seed);
+  auto omega = std::make_shared<Eigen::MatrixXd>(m, k);
+  for (Index j = 0; j < k; ++j)
+    for (Index i = 0; i < m; ++i) (*omega)(i, j) = rng.normal();
+  return omega;
 }
 
 /// A thread's scratch for factoring products (in the preparation's Workspace): the Cholesky

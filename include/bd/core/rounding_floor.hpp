@@ -9,12 +9,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <random>
 #include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
 
+#include "bd/base/random.hpp"
 #include "bd/core/factored_product.hpp"
 #include "bd/core/scalar.hpp"
 
@@ -27,12 +27,11 @@ double rounding_floor(const FactoredProduct& p, std::uint64_t seed) {
     return u * u / 3;
   } else {
     // A block W_IJ = U_I·V_Jᵀ of random rows and columns: one small GEMM, no strided dot products.
-    std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ULL);
-    std::uniform_int_distribution<Index> row(0, p.m() - 1), col(0, p.n() - 1);
+    Random rng(seed ^ 0x9e3779b97f4a7c15ULL);
     const Index side = 64;
     std::vector<Index> I(static_cast<std::size_t>(std::min(side, p.m()))), J(static_cast<std::size_t>(std::min(side, p.n())));
-    for (auto& i : I) i = row(rng);
-    for (auto& j : J) j = col(rng);
+    for (auto& i : I) i = rng.below(p.m());
+    for (auto& j : J) j = rng.below(p.n());
     const Eigen::MatrixXd U_I = p.U(I, Eigen::all), V_J = p.V_rows(J);
     Eigen::MatrixXd block(U_I.rows(), V_J.rows());
     bd::kernel::matmul_into(U_I, V_J.transpose(), block);
