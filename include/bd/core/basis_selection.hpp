@@ -22,6 +22,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/deferred.hpp"
 #include "bd/core/factored_product.hpp"
 #include "bd/core/options.hpp"
@@ -136,9 +137,23 @@ struct ScoreScratch {
   Eigen::MatrixXd inv_double;
 };
 
+/// score_window for a block too ill-conditioned to score in float: the LU in double. Rare (the
+/// blocks of orthonormal 512×128 factors score in float nearly all), so its own code is compiled
+/// for size; the LU, its condition estimate and the inverse it calls are the kernels'.
+BD_DEFERRED BD_COLD WindowScore score_window_in_double(const FactoredProduct& p, const std::vector<Index>& S, bool exact,
+                                                       const Eigen::VectorXd& D, ScoreScratch& scratch, Workspace& ws) {
+  WindowScore score;
+  bd::kernel::SmallLU<double>& lu = scratch.lu_double;
+  lu.compute(p.Q(S, Eigen::all).transpose());
+  score.rcond = lu.rcond();
+  if (!(score.rcond >= singular_rcond)) return score;
+  if (exact) lu.inverse_into(scratch.inv_double, ws);
+  score.model = exact ? exact_model(scratch.inv_double, D) : sketched_model(lu.solve(p.sketch.transpose()), p, S, D);
+  return score;
+}
+
 BD_DEFERRED WindowScore score_window(const FactoredProduct& p, const std::vector<Index>& S, bool exact,
                                 Workspace& ws = default_workspace()) {
-  WindowScore score;
   const Eigen::VectorXd D = p.row_norm2(S).cwiseSqrt();
   ScoreScratch& scratch = ws.local<ScoreScratch>();
   {
@@ -161,18 +176,13 @@ BD_DEFERRED WindowScore score_window(const FactoredProduct& p, const std::vector
       model = sketched_model(Y, p, S, D);
     }
     if (rcond > float_score_rcond && model < std::numeric_limits<double>::infinity()) {
+      WindowScore score;
       score.rcond = rcond;
       score.model = model;
       return score;
     }
   }
-  bd::kernel::SmallLU<double>& lu = scratch.lu_double;
-  lu.compute(p.Q(S, Eigen::all).transpose());
-  score.rcond = lu.rcond();
-  if (!(score.rcond >= singular_rcond)) return score;
-  if (exact) lu.inverse_into(scratch.inv_double, ws);
-  score.model = exact ? exact_model(scratch.inv_double, D) : sketched_model(lu.solve(p.sketch.transpose()), p, S, D);
-  return score;
+  return score_window_in_double(p, S, exact, D, scratch, ws);
 }
 
 /// Pivots are chosen in float when |R_rr| ≥ this × |R_11|. Householder QR in float errs in the
