@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <limits>
 
-#include <Eigen/QR>
-
 #include "support.hpp"
 
 using bd::Basis;
@@ -114,8 +112,8 @@ TEST_CASE("pivoted bases are the rows Businger-Golub pivoting picks on the dense
     for (unsigned seed = 1; seed <= 4; ++seed) {
       auto p = random_product(40, 30, 6, seed);
       for (Eigen::Index k = 0; k < 6; ++k) p.U.col(k) *= std::pow(grade, double(k));
-      const Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(Eigen::MatrixXd(p.W().transpose()));
-      std::vector<Eigen::Index> want(qr.colsPermutation().indices().data(), qr.colsPermutation().indices().data() + 6);
+      const std::vector<Eigen::Index> pivots = bd_test::reference::column_pivots(p.W().transpose());
+      std::vector<Eigen::Index> want(pivots.begin(), pivots.begin() + 6);
       std::sort(want.begin(), want.end());
       const auto d = bd::decompose_product<float>(p.U, p.V, bd::Options{}.with_basis(Basis::Pivoted));
       INFO("grade " << grade << ", seed " << seed);
@@ -134,10 +132,8 @@ TEST_CASE("pivoting hands over to double where float cannot tell the rows apart"
   U(6, 0) = 1, U(6, 5) = 1e-9;
   U(7, 2) = U(7, 3) = 0.5;
   // Turned by a random rotation (which keeps W's row geometry), so that no arithmetic is exact.
-  const Eigen::HouseholderQR<Eigen::MatrixXd> turn(bd_test::gaussian(6, 6, 8u));
-  U = U * Eigen::MatrixXd(turn.householderQ());
-  const Eigen::HouseholderQR<Eigen::MatrixXd> orth(bd_test::gaussian(10, 6, 9u));
-  const Eigen::MatrixXd V = orth.householderQ() * Eigen::MatrixXd::Identity(10, 6);  // VᵀV = I: F = U
+  U = U * bd_test::reference::orthonormal_columns(bd_test::gaussian(6, 6, 8u));
+  const Eigen::MatrixXd V = bd_test::reference::orthonormal_columns(bd_test::gaussian(10, 6, 9u));  // VᵀV = I: F = U
   const auto d = bd::decompose_product<double>(U, V, bd::Options{}.with_basis(Basis::Pivoted));
   CHECK(d.indices() == std::vector<Eigen::Index>{0, 1, 2, 3, 4, 6});
 }
@@ -150,11 +146,11 @@ TEST_CASE("a rank-deficient V pivots in W's own geometry too: the rows Businger-
   for (unsigned seed = 1; seed <= 4; ++seed) {
     auto p = random_product(40, 30, 6, seed);
     p.V.col(5) = 0.5 * p.V.col(0) - 2.0 * p.V.col(3);
-    const Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(Eigen::MatrixXd(p.W().transpose()));
+    const std::vector<Eigen::Index> pivots = bd_test::reference::column_pivots(p.W().transpose());
     const auto d = bd::decompose_product<double>(p.U, p.V, bd::Options{}.with_basis(Basis::Pivoted));
     INFO("seed " << seed);
     for (Eigen::Index k = 0; k < 5; ++k)
-      CHECK(std::count(d.indices().begin(), d.indices().end(), qr.colsPermutation().indices()(k)) == 1);
+      CHECK(std::count(d.indices().begin(), d.indices().end(), pivots[std::size_t(k)]) == 1);
     CHECK(d.report().nmse <= 1e-20);
   }
 }
@@ -361,4 +357,47 @@ TEST_CASE("a workspace reused across calls of other shapes, storage types and st
     }
   }
   CHECK(shared.threads() >= 1);
+}
+
+TEST_CASE("the ranking sketch is the same on every platform: SplitMix64's bits, normals with N(0,1)'s moments", "[strategy][random]") {
+  // SplitMix64's published outputs for seed 1234567 (Steele, Lea and Flood's generator, as the
+  // reference implementation prints them): a wrong constant or shift changes every one.
+  bd::Random bits(1234567);
+  const std::uint64_t reference[] = {6457827717110365317ULL, 3203168211198807973ULL, 9817491932198370423ULL,
+                                     4593380528125082431ULL, 16408922859458223821ULL};
+  for (const std::uint64_t expected : reference) CHECK(bits.bits() == expected);
+
+  // Ω from Options::seed: the same matrix for the same seed, another for another seed.
+  const bd::Options opts;
+  const auto omega = bd::ranking::sketch_matrix(20000, opts);
+  CHECK(omega->cols() == opts.sketch_columns);
+  CHECK(*omega == *bd::ranking::sketch_matrix(20000, opts));
+  bd::Options other = opts;
+  other.seed += 1;
+  CHECK((*omega - *bd::ranking::sketch_matrix(20000, other)).cwiseAbs().minCoeff() > 0);
+
+  // Its N = 160 000 entries as standard normals: the mean within 5/√N of 0, the variance within
+  // 5·√(2/N) of 1 (its standard error), and the fractions below −1, 0 and 1 within 5·√(p(1−p)/N)
+  // of Φ's 0.158655, 0.5 and 0.841345. A uniform, a half-normal or Box–Muller's radius alone
+  // fails all of them.
+  const Eigen::ArrayXd v = omega->reshaped().array();
+  const double N = double(v.size());
+  CHECK(std::abs(v.mean()) < 5 / std::sqrt(N));
+  CHECK(std::abs((v - v.mean()).square().mean() - 1) < 5 * std::sqrt(2 / N));
+  for (const auto& [x, phi] : {std::pair{-1.0, 0.158655}, std::pair{0.0, 0.5}, std::pair{1.0, 0.841345}}) {
+    const double below = (v < x).cast<double>().mean();
+    INFO("P(z < " << x << ") = " << below);
+    CHECK(std::abs(below - phi) < 5 * std::sqrt(phi * (1 - phi) / N));
+  }
+
+  // below(n): every value in [0, n), each about N/n times.
+  bd::Random draw(opts.seed);
+  std::vector<int> counts(7, 0);
+  for (int i = 0; i < 70000; ++i) {
+    const bd::Index k = draw.below(7);
+    REQUIRE(k >= 0);
+    REQUIRE(k < 7);
+    ++counts[std::size_t(k)];
+  }
+  for (const int c : counts) CHECK(std::abs(c - 10000) < 5 * std::sqrt(10000.0 * 6 / 7));
 }
