@@ -1,15 +1,15 @@
-// Helpers shared by bd's tests: seeded random factors, error measures, the shared folder.
+// Helpers shared by bd's tests: seeded random factors, error measures, references apart from
+// bd, the shared folder. What is not a template is defined once, in support.cpp: a non-template
+// inline function here instantiated everything it calls (Eigen's FullPivLU, HouseholderQR,
+// ColPivHouseholderQR, <random>'s normal distribution) in every test file that included this
+// header, called or not.
 #pragma once
 
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
-#include <iostream>
-#include <random>
 #include <string>
+#include <vector>
 
 #include <Eigen/Core>
-#include <Eigen/LU>
 #include <catch2/catch.hpp>
 
 #include <bd/bd.hpp>
@@ -26,20 +26,14 @@
 namespace bd_test {
 
 /// A seeded standard Gaussian matrix (weights of a freshly initialised layer).
-inline Eigen::MatrixXd gaussian(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal;
-  return Eigen::MatrixXd::NullaryExpr(rows, cols, [&]() { return normal(rng); });
-}
+Eigen::MatrixXd gaussian(Eigen::Index rows, Eigen::Index cols, unsigned seed);
 
 struct Product {
   Eigen::MatrixXd U, V;
-  Eigen::MatrixXd W() const { return U * V.transpose(); }
+  Eigen::MatrixXd W() const;  ///< U·Vᵀ
 };
 
-inline Product random_product(Eigen::Index m, Eigen::Index n, Eigen::Index r, unsigned seed) {
-  return {gaussian(m, r, seed), gaussian(n, r, seed + 7919)};
-}
+Product random_product(Eigen::Index m, Eigen::Index n, Eigen::Index r, unsigned seed);
 
 /// ‖A − B‖²_F / ‖B‖²_F in double.
 template <typename DA, typename DB>
@@ -70,7 +64,7 @@ Eigen::MatrixXd rebuild(const bd::Decomposition<Scalar>& d) {
 }
 
 /// ‖A‖₁, the largest column sum of |A|.
-inline double norm1(const Eigen::MatrixXd& A) { return A.cwiseAbs().colwise().sum().maxCoeff(); }
+double norm1(const Eigen::MatrixXd& A);
 
 /// Holds a computed inverse X of A (computed in arithmetic of unit u) to a yardstick that shares
 /// nothing with it: A⁻¹ from Eigen's FullPivLU in double, and κ₁(A) = ‖A‖₁·‖A⁻¹‖₁ from that —
@@ -80,18 +74,27 @@ inline double norm1(const Eigen::MatrixXd& A) { return A.cwiseAbs().colwise().su
 /// grow like √n (§2.8), which is what the random matrices here show (at most 0.3 of this bound),
 /// and the worst case would reach 0.5 at n = 131 in float, passing an inverse 50 % off. The bound
 /// is required below 0.05, so any inverse 5 % or more off fails.
-inline void check_inverse(const Eigen::MatrixXd& A, const Eigen::MatrixXd& X, double u) {
-  const Eigen::Index n = A.rows();
-  REQUIRE(X.rows() == n);
-  REQUIRE(X.cols() == n);
-  const Eigen::MatrixXd reference = A.fullPivLu().inverse();
-  const double kappa = norm1(A) * norm1(reference);
-  const double bound = 4.0 * std::sqrt(double(n)) * u * kappa;
-  INFO("n = " << n << ", κ₁ = " << kappa << ", bound " << bound);
-  REQUIRE(bound < 0.05);
-  CHECK(norm1(X - reference) <= bound * norm1(reference));
-  CHECK(norm1(A * X - Eigen::MatrixXd::Identity(n, n)) <= bound);
-}
+void check_inverse(const Eigen::MatrixXd& A, const Eigen::MatrixXd& X, double u);
+
+/// References apart from bd: Eigen's decompositions, in double unless said.
+namespace reference {
+/// A⁻¹ (FullPivLU).
+Eigen::MatrixXd inverse(const Eigen::MatrixXd& A);
+/// A⁻¹·B (FullPivLU).
+Eigen::MatrixXd solve(const Eigen::MatrixXd& A, const Eigen::MatrixXd& B);
+/// The first G.cols() columns of the Q of G's Householder QR: orthonormal, spanning G (G has at
+/// least as many rows as columns).
+Eigen::MatrixXd orthonormal_columns(const Eigen::MatrixXd& G);
+/// QR with column pivoting's (Businger–Golub, ColPivHouseholderQR) column order, and its rank.
+std::vector<Eigen::Index> column_pivots(const Eigen::MatrixXd& A);
+Eigen::Index rank(const Eigen::MatrixXd& A);
+/// The reciprocal 1-norm condition estimates of Eigen's LLT and PartialPivLU of A, factored in
+/// A's own type.
+double llt_rcond(const Eigen::MatrixXd& A);
+double llt_rcond(const Eigen::MatrixXf& A);
+double lu_rcond(const Eigen::MatrixXd& A);
+double lu_rcond(const Eigen::MatrixXf& A);
+}  // namespace reference
 
 /// First-order bound on the NMSE of a decomposition stored in a type of unit roundoff u:
 /// each stored entry carries a relative error ≤ u, so |Ŵ_R − W_R| ≤ 2u·|C|·|B| entrywise and
@@ -127,21 +130,10 @@ void for_each_isa(Body&& body) {
 
 /// The folder of the real models that ship with bd (examples/models), or BD_MODELS_DIR from the
 /// environment.
-inline std::string models_dir() {
-  if (const char* env = std::getenv("BD_MODELS_DIR")) return env;
-  return BD_MODELS_DIR;
-}
+std::string models_dir();
 
 /// The folder of a shipped model. It is part of the repository: a missing one is a broken
 /// checkout, so the test fails and says so (it is not skipped).
-inline std::string require_model(const std::string& name) {
-  const std::string dir = models_dir() + "/" + name;
-  if (!std::filesystem::exists(dir + "/model.safetensors")) {
-    std::cerr << "FAILED: " << dir << "/model.safetensors not found; it ships with bd (examples/models): "
-              << "is the checkout complete?\n";
-    std::exit(1);
-  }
-  return dir;
-}
+std::string require_model(const std::string& name);
 
 }  // namespace bd_test

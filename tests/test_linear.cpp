@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include <Eigen/QR>
 
 #include "nn_support.hpp"
 
@@ -56,10 +55,8 @@ TEST_CASE("BDLinear from a dense W: truncation error reported apart from the BD 
   // W with a known SVD, W = Q1·diag(σ)·Q2ᵀ (Q1, Q2 orthonormal, from QR of Gaussians), σ_k = 2^(−k/4):
   // its best rank-12 approximation is the first 12 terms (Eckart–Young), and the truncation drops
   // Σ_{k ≥ 12} σ_k². The gap σ_11/σ_12 = 2^(1/4) keeps that subspace well conditioned.
-  const Eigen::MatrixXd Q1 = Eigen::HouseholderQR<Eigen::MatrixXd>(bd_test::gaussian(64, 48, 3)).householderQ() *
-                             Eigen::MatrixXd::Identity(64, 48);
-  const Eigen::MatrixXd Q2 = Eigen::HouseholderQR<Eigen::MatrixXd>(bd_test::gaussian(48, 48, 5)).householderQ() *
-                             Eigen::MatrixXd::Identity(48, 48);
+  const Eigen::MatrixXd Q1 = bd_test::reference::orthonormal_columns(bd_test::gaussian(64, 48, 3));
+  const Eigen::MatrixXd Q2 = bd_test::reference::orthonormal_columns(bd_test::gaussian(48, 48, 5));
   Eigen::VectorXd sigma(48);
   for (Eigen::Index k = 0; k < 48; ++k) sigma(k) = std::pow(2.0, -double(k) / 4);
   const Eigen::MatrixXd W = Q1 * sigma.asDiagonal() * Q2.transpose();

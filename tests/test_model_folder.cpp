@@ -2,6 +2,7 @@
 // scales dequantized exactly, and what bd-convert writes read back into bd::nn.
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include <bd/io/bd_checkpoint.hpp>
 #include <bd/io/convert.hpp>

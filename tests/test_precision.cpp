@@ -2,6 +2,7 @@
 // of its own entries allows, for every storage type.
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "support.hpp"
 
