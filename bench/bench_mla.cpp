@@ -115,13 +115,16 @@ void decode_absorbed(benchmark::State& state, bool bd) {
 }
 
 /// The counters of an interleaved dense/BD benchmark: each one's median time (t[0] dense, t[1]
-/// BD) and rate from its FLOPs, the speedup and its share of the FLOP ratio.
-void pair_counters(benchmark::State& state, const std::vector<double>& t, double dense_flops, double bd_flops) {
+/// BD) and rate from its FLOPs, the speedup (the ratio of the medians) and its share of the FLOP
+/// ratio, and `paired_speedup`: the median of each iteration's dense/BD ratio (paired_ratio).
+void pair_counters(benchmark::State& state, const std::vector<double>& t, const std::vector<std::vector<double>>& seconds,
+                   double dense_flops, double bd_flops) {
   state.counters["dense_ms"] = t[0] * 1e3;
   state.counters["bd_ms"] = t[1] * 1e3;
   state.counters["dense_GFLOP/s"] = dense_flops / t[0] * 1e-9;
   state.counters["bd_GFLOP/s"] = bd_flops / t[1] * 1e-9;
   state.counters["speedup"] = t[0] / t[1];
+  state.counters["paired_speedup"] = bd_bench::paired_ratio(seconds[0], seconds[1]);
   state.counters["theoretical_ratio"] = dense_flops / bd_flops;
   state.counters["share_of_theory"] = t[0] / t[1] / (dense_flops / bd_flops);
 }
@@ -146,6 +149,7 @@ void decode_absorbed_interleaved(benchmark::State& state) {
   const RowMajor latent = RowMajor::Random(context + 1, kLatent + kRope);  // the cache's rows: [c | k_rope]
   const Eigen::MatrixXf queries = Eigen::MatrixXf::Random(kHeads, kLatent + kRope);
   Eigen::MatrixXf scores(kHeads, context + 1), outputs(kHeads, kLatent);
+  std::vector<std::vector<double>> seconds;
   const std::vector<double> t = bd_bench::time_interleaved(
       state, {[&] { decode_token(pair, false, x, dense_cache, context); },
               [&] { decode_token(pair, true, x, bd_cache, context); },
@@ -157,8 +161,9 @@ void decode_absorbed_interleaved(benchmark::State& state) {
                 bd::kernel::matmul_into(queries, latent.transpose(), scores);
                 bd::kernel::matmul_into(scores, latent.leftCols(kLatent), outputs);
                 benchmark::DoNotOptimize(outputs.data());
-              }});
-  pair_counters(state, t, f.dense, f.bd);
+              }},
+      {}, &seconds);
+  pair_counters(state, t, seconds, f.dense, f.bd);
   const double floor = t[2] + t[3];  // the read, then the attention's GEMMs
   const double gemm_flops = 2.0 * double(kHeads) * double(context + 1) * double(2 * kLatent + kRope);
   state.counters["read_GB/s"] = f.bd_weights * sizeof(float) / t[2] * 1e-9;
@@ -220,10 +225,12 @@ void prefill_chunk_interleaved(benchmark::State& state) {
   const auto path = bd::nn::PrefillPath::Automatic;
   auto dense_cache = filled_cache(context, kChunk), bd_cache = filled_cache(context, kChunk);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(kChunk, kHidden);
+  std::vector<std::vector<double>> seconds;
   const std::vector<double> t = bd_bench::time_interleaved(state, {[&] { prefill_tokens(pair, false, x, dense_cache, context, path); },
-                                                                   [&] { prefill_tokens(pair, true, x, bd_cache, context, path); }});
+                                                                   [&] { prefill_tokens(pair, true, x, bd_cache, context, path); }},
+                                                           {}, &seconds);
   const ChunkFlops f(pair, context, path);
-  pair_counters(state, t, f.dense, f.bd);
+  pair_counters(state, t, seconds, f.dense, f.bd);
   state.counters["absorbed"] = double(f.bd_absorbed);
 }
 

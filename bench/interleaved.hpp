@@ -72,9 +72,11 @@ inline bool is_balanced(const std::vector<std::vector<std::size_t>>& orders, std
 /// Runs each of `calls` once per iteration of `state`, in the orders of balanced_orders in turn;
 /// returns each call's median time in seconds, in the order of `calls`. settle[k], where given,
 /// is how long to wait after call k with the clock stopped (kOpenBlasSettleSeconds after an
-/// OpenBLAS call), so that it leaves no thread spinning into the next call's time.
+/// OpenBLAS call), so that it leaves no thread spinning into the next call's time. `all_seconds`,
+/// where given, receives every call's times, iteration by iteration (for paired_ratio).
 inline std::vector<double> time_interleaved(benchmark::State& state, const std::vector<std::function<void()>>& calls,
-                                            const std::vector<double>& settle = {}) {
+                                            const std::vector<double>& settle = {},
+                                            std::vector<std::vector<double>>* all_seconds = nullptr) {
   const std::size_t n = calls.size();
   const std::vector<std::vector<std::size_t>> orders = balanced_orders(n);
   if (n >= 2 && n <= 5 && !is_balanced(orders, n)) {
@@ -95,6 +97,7 @@ inline std::vector<double> time_interleaved(benchmark::State& state, const std::
       }
     }
   }
+  if (all_seconds) *all_seconds = seconds;
   std::vector<double> medians(n, 0.0);
   for (std::size_t k = 0; k < n; ++k) {
     auto& v = seconds[k];
@@ -103,6 +106,19 @@ inline std::vector<double> time_interleaved(benchmark::State& state, const std::
     medians[k] = v[v.size() / 2];
   }
   return medians;
+}
+
+/// The median over iterations of a[i] / b[i]: two calls' ratio from the seconds they ran side by
+/// side in each iteration (of time_interleaved's `all_seconds`), so that a drift slower than one
+/// iteration cancels in each ratio rather than only in the medians' — what a ratio near 1 between
+/// calls of a second or more needs (a chunk's prefill at 16k context: the two layers differ by
+/// 0.2 % of the work while single calls moved by 16–28 %).
+inline double paired_ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) r.push_back(a[i] / b[i]);
+  if (r.empty()) return 0.0;
+  std::nth_element(r.begin(), r.begin() + std::ptrdiff_t(r.size() / 2), r.end());
+  return r[r.size() / 2];
 }
 
 /// The counters of a dense/BD pair timed by time_interleaved: each one's median in ms, the
