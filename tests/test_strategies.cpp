@@ -400,4 +400,5 @@ TEST_CASE("the ranking sketch is the same on every platform: SplitMix64's bits, 
     ++counts[std::size_t(k)];
   }
   for (const int c : counts) CHECK(std::abs(c - 10000) < 5 * std::sqrt(10000.0 * 6 / 7));
+  BD_CHECK_THROWS_CONTAINING(draw.below(0), bd::RangeError, Catch::Contains("expected n >= 1"));
 }

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "bd/base/error.hpp"
 #include "bd/base/index.hpp"
 
 namespace bd {
@@ -36,7 +37,9 @@ public:
   double uniform() { return static_cast<double>(bits() >> 11) * 0x1.0p-53; }
 
   /// Uniform on {0, …, n − 1}, n ≥ 1: ⌊uniform()·n⌋ (bias below n·2⁻⁵³, far under a sample's).
+  /// RangeError for n < 1 (there is no value to draw).
   Index below(Index n) {
+    if (n < 1) throw RangeError(bd::detail::message("Random::below(", n, "): expected n >= 1"));
     const Index i = static_cast<Index>(uniform() * static_cast<double>(n));
     return i < n ? i : n - 1;
   }
