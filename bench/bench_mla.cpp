@@ -137,7 +137,9 @@ void pair_counters(benchmark::State& state, const std::vector<double>& t, const 
 /// rate) and the attention's arithmetic as the GEMMs it is (S = Q̃·Kᵀ and O = S·V for the 128
 /// query heads against one latent of `context` rows, on bd's kernel, no softmax). The token's
 /// floor is the weights' bytes at that read rate plus the attention's FLOPs at that GEMM rate;
-/// `bd_share_of_floor` is floor / BD's time (1: nothing but those two).
+/// `bd_share_of_floor` is floor / BD's time (1: nothing but those two), and `floor_GFLOP/s` the
+/// token's FLOPs over the floor: the most GFLOP/s a token can reach on this machine, so that a
+/// share of the GEMM rate (bd_GFLOP/s over gemm/bd_kernel's) reads against the floor's.
 void decode_absorbed_interleaved(benchmark::State& state) {
   const MlaPair& pair = mla_pair();
   const Index context = state.range(0);
@@ -169,6 +171,7 @@ void decode_absorbed_interleaved(benchmark::State& state) {
   state.counters["read_GB/s"] = f.bd_weights * sizeof(float) / t[2] * 1e-9;
   state.counters["attention_gemm_GFLOP/s"] = gemm_flops / t[3] * 1e-9;
   state.counters["floor_ms"] = floor * 1e3;
+  state.counters["floor_GFLOP/s"] = f.bd / floor * 1e-9;
   state.counters["bd_share_of_floor"] = floor / t[1];
 }
 
