@@ -312,10 +312,10 @@ TEST_CASE("gemm kernel: a few rows against a row-major B, one thread and two agr
   });
 }
 
-TEST_CASE("gemm kernel: one row deeper than half of L1 gives every column the bits it has alone", BD_KERNEL_TEST_TAG) {
+TEST_CASE("gemm kernel: one row deeper than a quarter of L1 gives every column the bits it has alone", BD_KERNEL_TEST_TAG) {
   bd_test::for_each_isa([&] {
-    // One token's row longer than 16 KiB is read against four columns at a time (decoding's
-    // output projection); each column's sum must still run as it does alone. Depths past the
+    // One token's row longer than 8 KiB is read against four columns at a time (decoding's
+    // projections); each column's sum must still run as it does alone. Depths past the
     // threshold by a tail that is not a whole vector, widths that leave 1–3 columns over.
     const auto run = [](auto zero, Index K, Index N, unsigned seed) {
       using T = decltype(zero);
@@ -336,8 +336,9 @@ TEST_CASE("gemm kernel: one row deeper than half of L1 gives every column the bi
     };
     for (Index N : {Index(4), Index(13), Index(70)}) {
       run(float(0), 4096 + 37, N, 95);
-      run(double(0), 2048 + 13, N, 97);
-      run(float(0), 4096 - 8, N, 99);  // at the threshold: one column at a time
+      run(float(0), 2048 + 37, N, 96);
+      run(double(0), 1024 + 13, N, 97);
+      run(float(0), 2048 - 8, N, 99);  // at the threshold: one column at a time
     }
   });
 }
