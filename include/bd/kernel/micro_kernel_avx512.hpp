@@ -126,15 +126,21 @@ struct Avx512Kernel {
   /// One online-softmax step of a single row of contiguous scores (n whole vectors: lanes()).
   static void softmax_row(T* s, Index n, T* m, T* l, T* alpha) { avx512::softmax_row<Ops>(s, n, m, l, alpha); }
   static constexpr Index lanes() { return Ops::lanes; }
+  /// Preparation's small factorizations run the AVX2 bodies (the same layouts: rows padded to 16
+  /// values for any ISA). Their AVX-512 bodies were 24 KB of the README's example's 409 KB of
+  /// code and about 5 % of its compile time (g++ 12 -O3, 2-core Zen 4, alternated pairs). Alone
+  /// they ran 5–25 % faster on some sizes (Zen 4, Zen 5, Sapphire Rapids), but they are a part
+  /// of scoring, which is under a third of a preparation: DeepSeek-V2-Lite's whole preparation
+  /// ran level on either instruction set on Zen 4 (docs/benchmarks.md, 2026-12-03).
   /// P·A = L·U in place for a small row-major A (small_lu.hpp).
-  static void lu_rows(T* a, Index n, Index ld, Index* perm) { avx512::lu_rows<Ops>(a, n, ld, perm); }
+  static void lu_rows(T* a, Index n, Index ld, Index* perm) { Avx2Kernel<T>::lu_rows(a, n, ld, perm); }
   /// L⁻¹ of a small lower-triangular L, row by row (inverse.hpp).
   static void lower_inverse_rows(const T* L, Index rs, Index cs, Index n, bool unit, T* work, Index ld, T* out, Index ldo) {
-    avx512::lower_inverse_rows<Ops>(L, rs, cs, n, unit, work, ld, out, ldo);
+    Avx2Kernel<T>::lower_inverse_rows(L, rs, cs, n, unit, work, ld, out, ldo);
   }
   /// The pivots of QR with column pivoting (pivoted_qr.hpp).
   static void qr_pivots(T* a, Index rows, Index ld, Index cols, Index count, Index* perm, T* diag, T* scratch) {
-    avx512::qr_pivots<Ops>(a, rows, ld, cols, count, perm, diag, scratch);
+    Avx2Kernel<T>::qr_pivots(a, rows, ld, cols, count, perm, diag, scratch);
   }
 };
 
