@@ -131,7 +131,7 @@ struct Avx512Kernel {
   /// code and about 5 % of its compile time (g++ 12 -O3, 2-core Zen 4, alternated pairs). Alone
   /// they ran 5–25 % faster on some sizes (Zen 4, Zen 5, Sapphire Rapids), but they are a part
   /// of scoring, which is under a third of a preparation: DeepSeek-V2-Lite's whole preparation
-  /// ran level on either instruction set on Zen 4 (docs/benchmarks.md, 2026-12-03).
+  /// ran level on either instruction set on Zen 4 (docs/architecture.md, "Compile time").
   /// P·A = L·U in place for a small row-major A (small_lu.hpp).
   static void lu_rows(T* a, Index n, Index ld, Index* perm) { Avx2Kernel<T>::lu_rows(a, n, ld, perm); }
   /// L⁻¹ of a small lower-triangular L, row by row (inverse.hpp).
