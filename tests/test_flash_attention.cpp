@@ -8,41 +8,11 @@
 // of a shape the workspace has seen allocates nothing (decoding allocates no scratch per token).
 #include <bd/kernel/flash_attention.hpp>
 
+#include "allocation_counter.hpp"
 #include "support.hpp"
-
-#include <atomic>
-#include <cstdlib>
-#include <new>
 
 #ifdef _OPENMP
 #include <omp.h>
-#endif
-
-// Every operator new of this test program counted (the array and nothrow forms call this one).
-// Not under AddressSanitizer, whose own operator new must pair with its operator delete (a
-// replacement here mixes the two: alloc-dealloc-mismatch); the Release build counts.
-#if defined(__SANITIZE_ADDRESS__)
-#define BD_TEST_COUNTS_NEW 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BD_TEST_COUNTS_NEW 0
-#endif
-#endif
-#ifndef BD_TEST_COUNTS_NEW
-#define BD_TEST_COUNTS_NEW 1
-#endif
-
-namespace {
-std::atomic<long> allocations{0};
-}
-#if BD_TEST_COUNTS_NEW
-void* operator new(std::size_t size) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size ? size : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 #endif
 
 namespace {
@@ -245,7 +215,7 @@ TEST_CASE("flash attention streamed over key blocks in several calls equals one 
 
 TEST_CASE("flash attention allocates nothing for a shape its workspace has seen: decoding allocates no scratch per token",
           "[kernel][flash]") {
-  if (!BD_TEST_COUNTS_NEW) {
+  if (!bd_test::counts_allocations()) {
     WARN("built with AddressSanitizer, which owns operator new: allocations are counted in the Release build");
     return;
   }
@@ -260,13 +230,13 @@ TEST_CASE("flash attention allocates nothing for a shape its workspace has seen:
       M O(s.Lq, s.n_q * s.d_v);
       const AttentionArguments<float> a = in.arguments(s, O);
       bd::Workspace ws;
-      const long before_first = allocations.load();
+      const long before_first = bd_test::allocations();
       bd::kernel::flash_attention(a, 0, ws);
-      const long first = allocations.load() - before_first;
+      const long first = bd_test::allocations() - before_first;
       const M once = O;
-      const long before = allocations.load();
+      const long before = bd_test::allocations();
       for (int token = 0; token < 5; ++token) bd::kernel::flash_attention(a, 0, ws);
-      const long later = allocations.load() - before;
+      const long later = bd_test::allocations() - before;
       INFO(s.Lq << " queries: the first call allocated " << first << " times, five more " << later << " times");
       CHECK(first > 0);  // the counter sees the scratch being made
       CHECK(later == 0);

@@ -10,6 +10,7 @@
 
 #include <bd/kernel/gemm.hpp>
 
+#include "allocation_counter.hpp"
 #include "support.hpp"
 
 #ifdef _OPENMP
@@ -268,6 +269,57 @@ TEST_CASE("gemm kernel: a few rows (decoding) stream B unpacked with the same re
       check<float, Eigen::bfloat16>(L, channels_of(1, 20, 2), 11, Blocking{}, unsigned(L) + 64, &init);
       check<float, float>(L, {}, 3, Blocking{}, unsigned(L) + 65, &empty_depth_init);
     }
+  });
+}
+
+TEST_CASE("gemm kernel: a few rows (decoding) allocate nothing for shapes the workspace has seen", BD_KERNEL_TEST_TAG) {
+  if (!bd_test::counts_allocations()) {
+    WARN("built with AddressSanitizer, which owns operator new: allocations are counted in the Release build");
+    return;
+  }
+  bd_test::for_each_isa([&] {
+    // One token's projections: B column-major (dot_columns), narrow (each run converted into a
+    // thread's buffer), row-major (a head's map read transposed: column_scores), over two segments
+    // of their own channels and columns, wide enough to run on all threads. The first call sizes
+    // the workspace's scratch; a token after it allocates nothing, and computes the same bits.
+    const Index K = 256, D = K / 2, N = 600, W = N / 2;
+    const std::vector<Index> low = channels_of(0, D), high = channels_of(D, D);
+    const Mat<float> X = bd_test::gaussian(1, K, 71).cast<float>();
+    const Mat<float> B = bd_test::gaussian(D, N, 72).cast<float>();  // both segments' rows 0..D-1
+    const Mat<Eigen::half> H = B.cast<Eigen::half>();
+    const Mat<float> Bt = B.transpose();
+    Mat<float> out(1, N);
+    const auto arguments = [&](const auto* b, Index ldb, bool row_major) {
+      bd::kernel::GemmArguments<float, std::remove_const_t<std::remove_pointer_t<decltype(b)>>> a;
+      a.rows = 1, a.x = X.data(), a.ldx = 1, a.b = b, a.ldb = ldb, a.b_row_major = row_major;
+      a.out = out.data(), a.ldo = 1;
+      a.segments.push_back({low.data(), D, 0, W});
+      a.segments.push_back({high.data(), D, W, W});
+      return a;
+    };
+    const auto column_major = arguments(B.data(), D, false);
+    const auto narrow = arguments(H.data(), D, false);
+    const auto row_major = arguments(Bt.data(), N, true);
+    bd::Workspace ws;
+    const auto token = [&] {
+      bd::kernel::gemm(column_major, Blocking{}, 0, ws);
+      bd::kernel::gemm(narrow, Blocking{}, 0, ws);
+      bd::kernel::gemm(row_major, Blocking{}, 0, ws);
+    };
+    const long before_first = bd_test::allocations();
+    token();
+    const long first = bd_test::allocations() - before_first;
+    const Mat<float> once = out;
+    const long before = bd_test::allocations();
+    for (int t = 0; t < 5; ++t) token();
+    const long later = bd_test::allocations() - before;
+    INFO("the first token allocated " << first << " times, five more " << later << " times");
+    CHECK(first > 0);  // the counter sees the scratch being made
+    CHECK(later == 0);
+    CHECK(out == once);
+    Mat<float> expected(1, N);
+    expected << X(Eigen::all, low) * B.leftCols(W), X(Eigen::all, high) * B.rightCols(W);
+    CHECK((out - expected).cwiseAbs().maxCoeff() <= bound<float>(D) * 10);  // the last token: row-major B
   });
 }
 

@@ -49,7 +49,8 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
   // FewRows asks for it; the packed one otherwise (loop.hpp). Each loop once per scalar type.
   if constexpr (FewRows) {
     if (a.rows <= skinny_rows && !a.x_row_major)
-      return gemm_skinny(a, threads, on_active_kernel<T>([](auto k) { return few_row_kernel<decltype(k), T>(); }));
+      return gemm_skinny(a, threads, on_active_kernel<T>([](auto k) { return few_row_kernel<decltype(k), T>(); }),
+                         ws.local<SkinnyScratch<T>>());
   }
   const PackedKernel<T, S> kernel = on_active_kernel<T>([](auto k) { return packed_kernel<decltype(k), T, S>(); });
   gemm_packed(a, total, blk, threads, kernel, ws);

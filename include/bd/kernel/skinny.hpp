@@ -12,8 +12,8 @@
 #pragma once
 
 #include <algorithm>
-#include <vector>
 
+#include "bd/base/workspace.hpp"
 #include "bd/kernel/arguments.hpp"
 #include "bd/kernel/few_row_kernel.hpp"
 #include "bd/kernel/pack.hpp"
@@ -36,52 +36,65 @@ inline constexpr Index skinny_group = 64;
 /// so.)
 inline constexpr Index skinny_row_run = 512;
 
+/// A unit of gemm_skinny's work: up to `width` neighbouring columns of one segment.
+struct SkinnyGroup {
+  Index segment = 0, column = 0, count = 0;
+};
+
+/// gemm_skinny's scratch, kept in the caller's Workspace (one per thread) so that a decoded token,
+/// whose every projection comes here, allocates nothing once its shapes have been seen.
+template <typename T>
+struct SkinnyScratch {
+  ScratchBuffer<Index> offsets;       ///< where each segment's gathered rows start
+  ScratchBuffer<SkinnyGroup> groups;  ///< the work
+  ScratchBuffer<T> gathered;          ///< X's rows per segment
+  ScratchBuffer<T> converted;         ///< a narrow B's runs, one buffer per thread
+};
+
 /// Compiled once per (T, S) and run on the active kernel's few-row routines (few_row_kernel.hpp).
 template <typename T, typename S>
-void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T>& kernel) {
+void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T>& kernel, SkinnyScratch<T>& scratch) {
   const bool by_rows = a.b_row_major;
   constexpr Index max_width = std::max(skinny_group, skinny_row_run);
   const Index width = by_rows ? skinny_row_run : skinny_group;
   const Index L = a.rows;
   // X's rows gathered per segment, each row contiguous over the segment's channels; and the
   // work as groups of up to `width` neighbouring columns of one segment.
-  struct Group {
-    Index segment, column, count;
-  };
-  std::vector<Index> offsets;
-  std::vector<Group> groups;
-  Index gathered_size = 0, work = 0, max_depth = 1;
+  Index count = 0;
+  for (const Segment& seg : a.segments) count += (seg.width + width - 1) / width;
+  Index* const offsets = scratch.offsets.reserve(std::max<std::size_t>(1, a.segments.size()));
+  SkinnyGroup* const groups = scratch.groups.reserve(static_cast<std::size_t>(std::max<Index>(1, count)));
+  Index gathered_size = 0, work = 0, max_depth = 1, g = 0;
   for (std::size_t s = 0; s < a.segments.size(); ++s) {
     const Segment& seg = a.segments[s];
-    offsets.push_back(gathered_size);
+    offsets[s] = gathered_size;
     gathered_size += L * seg.depth;
     work += L * seg.depth * seg.width;
     max_depth = std::max(max_depth, seg.depth);
     for (Index j = 0; j < seg.width; j += width)
-      groups.push_back({static_cast<Index>(s), seg.first_column + j, std::min(width, seg.width - j)});
+      groups[g++] = {static_cast<Index>(s), seg.first_column + j, std::min(width, seg.width - j)};
   }
   // Gathered row by row (i·depth + k) for dot_columns, channel by channel (k·L + i) for
   // column_scores.
-  std::vector<T> gathered(static_cast<std::size_t>(std::max<Index>(1, gathered_size)));
+  T* const gathered = scratch.gathered.reserve(static_cast<std::size_t>(std::max<Index>(1, gathered_size)));
   for (std::size_t s = 0; s < a.segments.size(); ++s) {
     const Segment& seg = a.segments[s];
     for (Index i = 0; i < L; ++i)
       for (Index k = 0; k < seg.depth; ++k)
-        gathered[static_cast<std::size_t>(offsets[s] + (by_rows ? k * L + i : i * seg.depth + k))] =
-            a.x[seg.channels[k] * a.ldx + i];
+        gathered[offsets[s] + (by_rows ? k * L + i : i * seg.depth + k)] = a.x[seg.channels[k] * a.ldx + i];
   }
   // A narrow B's columns (rows' runs) are converted once into their thread's buffer, then read
   // by every row of X.
   constexpr bool convert = !std::is_same_v<S, T>;
-  std::vector<T> buffers(convert ? static_cast<std::size_t>(width * max_depth * std::max(1, threads)) : 0);
-  const Index count = static_cast<Index>(groups.size());
+  const auto buffer_size = static_cast<std::size_t>(width * max_depth * std::max(1, threads));
+  T* const buffers = convert ? scratch.converted.reserve(buffer_size) : nullptr;
   (void)threads;
   (void)work;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (work >= (Index(1) << 16))
 #endif
-  for (Index g = 0; g < count; ++g) {
-    const Group& group = groups[static_cast<std::size_t>(g)];
+  for (Index u = 0; u < count; ++u) {
+    const SkinnyGroup& group = groups[u];
     const Segment& seg = a.segments[static_cast<std::size_t>(group.segment)];
     // B(k, c) for the group's columns: b[c·ldb + k] (column-major) or b[k·ldb + c] (row-major).
     const S* source = a.b + (by_rows ? group.column : group.column * a.ldb);
@@ -91,9 +104,9 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
       b = source;
     } else {
 #ifdef _OPENMP
-      T* buffer = buffers.data() + omp_get_thread_num() * width * max_depth;
+      T* buffer = buffers + omp_get_thread_num() * width * max_depth;
 #else
-      T* buffer = buffers.data();
+      T* buffer = buffers;
 #endif
       if (by_rows) {
         for (Index k = 0; k < seg.depth; ++k) convert_column(source + k * a.ldb, group.count, buffer + k * width);
@@ -106,7 +119,7 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
     }
     // dots: row i of column j at j·skinny_rows + i (dot_columns) or i·width + j (column_scores).
     T dots[max_width * skinny_rows];
-    const T* rows = gathered.data() + offsets[static_cast<std::size_t>(group.segment)];
+    const T* rows = gathered + offsets[group.segment];
     if (!by_rows) {
       kernel.dot_columns(L, rows, seg.depth, b, ldb, group.count, dots);
     } else if (seg.depth > 0) {
