@@ -16,7 +16,8 @@
 // runs (the BD_CPU sweep, in one run), at the lengths the targets name.
 // kproj/interleaved/<L>: dense_kernel, bd and dense_openblas called in turn within one benchmark
 // (interleaved.hpp), each one's median and their ratios: the figure to compare, where the
-// separate benchmarks above may each meet a different spell of a shared machine.
+// separate benchmarks above may each meet a different spell of a shared machine; paired_*: the
+// median of each iteration's own ratio (interleaved.hpp's paired_ratio).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -203,16 +204,20 @@ void interleaved(benchmark::State& state) {
   calls.push_back(kproj_call<float>("dense_openblas", L, K));
   settle = {0, 0, bd_bench::kOpenBlasSettleSeconds};
 #endif
-  const std::vector<double> t = bd_bench::time_interleaved(state, calls, settle);
+  std::vector<std::vector<double>> seconds;
+  const std::vector<double> t = bd_bench::time_interleaved(state, calls, settle, &seconds);
   state.counters["dense_kernel_ms"] = t[0] * 1e3;
   state.counters["bd_ms"] = t[1] * 1e3;
   state.counters["dense_kernel_GFLOP/s"] = kproj_flops(L, false) / t[0] * 1e-9;
   state.counters["speedup"] = t[0] / t[1];  // BD against its dense twin on bd's kernel
   state.counters["theoretical_ratio"] = kTheory;
   state.counters["share_of_theory"] = t[0] / t[1] / kTheory;
+  state.counters["paired_speedup"] = bd_bench::paired_ratio(seconds[0], seconds[1]);
 #ifdef BD_HAVE_OPENBLAS
   state.counters["openblas_ms"] = t[2] * 1e3;
   state.counters["kernel_vs_openblas"] = t[2] / t[0];  // bd's dense kernel against OpenBLAS, same product
+  // The same from each iteration's pair of calls (interleaved.hpp's paired_ratio).
+  state.counters["paired_kernel_vs_openblas"] = bd_bench::paired_ratio(seconds[2], seconds[0]);
   state.counters["bd_vs_openblas"] = t[2] / t[1];
 #endif
 }

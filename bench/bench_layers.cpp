@@ -19,7 +19,8 @@
 //   linear_cpu_<isa>/bd/<shape>  BDLinear with its kernels forced to each instruction set;
 //   linear/interleaved/<shape>   BDLinear and its low-rank twins (bd's kernel, OpenBLAS) called in
 //                                turn within one benchmark (interleaved.hpp): medians and ratios
-//                                from the same seconds of the machine.
+//                                from the same seconds of the machine, and paired_speedup (the
+//                                median of each iteration's faster twin over its BD call).
 //
 // The attention layer is DeepSeek-V3's MLA at full size except its query LoRA (queries straight
 // from x, decoded with the per-head K'/V' cache; bench_mla.cpp runs V3 as it is served, with the
@@ -418,15 +419,23 @@ void linear_interleaved(benchmark::State& state, const LinearShape& s) {
   calls.push_back(linear_call("lowrank_openblas", s, run));
   settle = {0, 0, bd_bench::kOpenBlasSettleSeconds};
 #endif
-  const std::vector<double> t = bd_bench::time_interleaved(state, calls, settle);
+  std::vector<std::vector<double>> seconds;
+  const std::vector<double> t = bd_bench::time_interleaved(state, calls, settle, &seconds);
   const LinearFlops f(s);
   const double twin = calls.size() > 2 ? std::min(t[1], t[2]) : t[1];
+  // Paired: each iteration's faster twin over that iteration's BD call, the median of those
+  // ratios (interleaved.hpp's paired_ratio), so that a drift of the machine between iterations
+  // cancels in every ratio and not only in the medians'.
+  const std::vector<double> twin_seconds = calls.size() > 2 ? bd_bench::faster_of(seconds[1], seconds[2]) : seconds[1];
+  const double paired = bd_bench::paired_ratio(twin_seconds, seconds[0]);
   state.counters["bd_ms"] = t[0] * 1e3;
   state.counters["lowrank_kernel_ms"] = t[1] * 1e3;
   if (calls.size() > 2) state.counters["lowrank_openblas_ms"] = t[2] * 1e3;
   state.counters["speedup"] = twin / t[0];  // against the faster low-rank twin
   state.counters["theoretical_ratio"] = f.low / f.bd;
   state.counters["share_of_theory"] = twin / t[0] / (f.low / f.bd);
+  state.counters["paired_speedup"] = paired;
+  state.counters["paired_share_of_theory"] = paired / (f.low / f.bd);
   state.counters["rank"] = double(s.rank());
 }
 

@@ -121,6 +121,13 @@ inline double paired_ratio(const std::vector<double>& a, const std::vector<doubl
   return r[r.size() / 2];
 }
 
+/// Each iteration's faster of two calls (a BD layer against the faster of its twins, paired).
+inline std::vector<double> faster_of(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) out.push_back(std::min(a[i], b[i]));
+  return out;
+}
+
 /// The counters of a dense/BD pair timed by time_interleaved: each one's median in ms, the
 /// speedup (dense over BD), the FLOP ratio it is read against and its share of it.
 inline void pair_counters(benchmark::State& state, double dense_seconds, double bd_seconds, double theory) {
