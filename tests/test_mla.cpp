@@ -1,5 +1,6 @@
 // MLA as DeepSeek serves it: query LoRA, the latent cache, absorbed decoding — dense and BD,
 // against the dense reference run over the whole sequence.
+#include "allocation_counter.hpp"
 #include "nn_support.hpp"
 
 #include <algorithm>
@@ -94,6 +95,39 @@ TEST_CASE("MLA BD in float: absorbed decoding within the fp32 operator bound", "
   Eigen::MatrixXf out(6, 40);
   for (Eigen::Index t = 0; t < 6; ++t) out.row(t) = bd.decode_absorbed(x.row(t), cache);
   CHECK(max_rel(out, y) <= bd_test::kFp32OperatorBound);
+}
+
+TEST_CASE("MLA absorbed decoding: a token's per-head products allocate nothing (its count does not grow with the heads)",
+          "[mla][allocation]") {
+  // Absorbed decoding runs two products per head for every token (the queries into the latent,
+  // the outputs out of it): 256 a token at DeepSeek-V3's 128 heads. Their argument lists (the
+  // segments, the channels, the output columns) come from the layer's call or the Workspace, so
+  // a token allocates as often with 16 heads as with 4; what it does allocate (the returned
+  // matrices, per-call lists) does not depend on the heads. Dense and BD, float (the served type),
+  // counted after a first token has grown the workspace's buffers.
+  if (!bd_test::counts_allocations()) {
+    SUCCEED("this build does not count allocations (AddressSanitizer owns operator new)");
+    return;
+  }
+  const auto per_token = [](Eigen::Index heads, bool bd) {
+    bd_test::LayerSpec s = mla(true);
+    s.n_q = s.n_kv = heads;
+    const auto dense = bd_test::random_attention(s, 9).cast<float>();
+    const auto prepared = BDAttention<float>::prepare(dense, BDAttentionOptions{}.with_cost_policy(bd::nn::CostPolicy::Allow));
+    const Eigen::MatrixXf x = bd_test::gaussian(3, 40, 24).cast<float>();
+    bd::nn::LatentCache<float> cache;
+    Eigen::MatrixXf y(1, 40);
+    y = bd ? prepared.decode_absorbed(x.row(0), cache) : dense.decode_absorbed(x.row(0), cache);  // grows the workspace
+    y = bd ? prepared.decode_absorbed(x.row(1), cache) : dense.decode_absorbed(x.row(1), cache);
+    const long before = bd_test::allocations();
+    y = bd ? prepared.decode_absorbed(x.row(2), cache) : dense.decode_absorbed(x.row(2), cache);
+    return bd_test::allocations() - before;
+  };
+  for (const bool bd : {false, true}) {
+    const long four = per_token(4, bd), sixteen = per_token(16, bd);
+    INFO((bd ? "BD" : "dense") << ": " << four << " allocations a token with 4 heads, " << sixteen << " with 16");
+    CHECK(sixteen == four);
+  }
 }
 
 TEST_CASE("MLA: bad caches and layers are refused with a message", "[mla][bad-input]") {

@@ -10,6 +10,7 @@
 // as their K dimension (a shared window: one segment; per-head pivoted bases: one per head).
 #pragma once
 
+#include <cassert>
 #include <vector>
 
 #include <Eigen/Core>
@@ -50,6 +51,43 @@ struct Segment {
   Index width = 0;
 };
 
+/// A GEMM's segments: most products have one, per-head pivoted bases one per head. Up to four are
+/// held in place and more go to the heap, or a product with many reads the caller's array in
+/// place (view: a Workspace buffer), so that building its arguments allocates nothing (absorbed
+/// decoding runs per-head products for every token).
+class SegmentList {
+ public:
+  void push_back(const Segment& s) {
+    assert(!viewed_ && "SegmentList: a list is pushed to or views the caller's array, not both");
+    if (size_ < local_capacity) {
+      local_[size_++] = s;
+      return;
+    }
+    if (size_ == local_capacity) heap_.assign(local_, local_ + local_capacity);
+    heap_.push_back(s);
+    ++size_;
+  }
+  /// The n segments at `first`, read where they lie: the caller keeps them until the product ends.
+  void view(const Segment* first, std::size_t n) {
+    heap_.clear();
+    viewed_ = first, size_ = n;
+  }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const Segment* data() const { return viewed_ ? viewed_ : size_ <= local_capacity ? local_ : heap_.data(); }
+  const Segment& operator[](std::size_t i) const { return data()[i]; }
+  const Segment& front() const { return data()[0]; }
+  const Segment* begin() const { return data(); }
+  const Segment* end() const { return data() + size_; }
+
+ private:
+  static constexpr std::size_t local_capacity = 4;
+  Segment local_[local_capacity];
+  std::vector<Segment> heap_;        // all of them, once more than local_capacity were pushed
+  const Segment* viewed_ = nullptr;  // the caller's array (view)
+  std::size_t size_ = 0;
+};
+
 /// One GEMM. T is the arithmetic type (float or double), S the storage type of B (T, or half /
 /// bfloat16, converted while packing).
 template <typename T, typename S>
@@ -65,7 +103,7 @@ struct GemmArguments {
   const Index* init_channels = nullptr;  ///< X channel each output column starts from; null: none
   const T* init_values = nullptr;        ///< value each output column starts from (a bias); null: 0
   bool accumulate = false;               ///< out += …: every output starts from its own value
-  std::vector<Segment> segments;
+  SegmentList segments;
   bool x_row_major = false;              ///< X(i, k) at x[i·ldx + k] instead of x[k·ldx + i]
   bool b_row_major = false;              ///< B(k, c) at b[k·ldb + c] instead of b[c·ldb + k]
   /// Only the lower triangle is wanted (a Gram matrix, see matmul.hpp's gram_into): micro-tiles

@@ -52,7 +52,7 @@ struct Block {
 
 /// The pieces of columns [from, to) of the concatenated segments, grouped into blocks of at most
 /// nc columns: a segment that fits is not split, a wider one is cut into equal blocks.
-inline std::vector<Block> make_blocks(const std::vector<Segment>& segments, Index from, Index to, Index nc, Index nr,
+inline std::vector<Block> make_blocks(const SegmentList& segments, Index from, Index to, Index nc, Index nr,
                                       Index kc) {
   std::vector<Block> blocks;
   Index block_width = nc, start = 0;  // start: the first column of the current segment

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <type_traits>
 #include <vector>
@@ -69,6 +70,30 @@ void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Ind
 
 }  // namespace detail
 
+namespace detail {
+/// The channel lists 0, 1, …, n − 1 a thread's products have asked for (identity_channels), kept
+/// in its Workspace. A longer list is a new array; earlier ones stay, so no pointer handed out
+/// ever dangles (their sizes at least double, so they hold under twice the longest).
+struct IdentityChannels {
+  std::vector<std::unique_ptr<Index[]>> lists;
+  std::size_t longest = 0;
+  const Index* first(Index n) {
+    const auto count = static_cast<std::size_t>(std::max<Index>(n, 1));
+    if (count > longest) {
+      longest = std::max(count, 2 * longest);
+      lists.emplace_back(new Index[longest]);
+      std::iota(lists.back().get(), lists.back().get() + longest, Index(0));
+    }
+    return lists.back().get();
+  }
+};
+}  // namespace detail
+
+/// The channel list 0, 1, …, n − 1 (a product whose K dimension is X's columns in order: a layer's
+/// projection) from the calling thread's Workspace, so that building such a product's arguments
+/// allocates nothing once the thread has asked for n channels. Valid while `ws` lives.
+inline const Index* identity_channels(Index n, Workspace& ws) { return ws.local<detail::IdentityChannels>().first(n); }
+
 /// out = x·w + bias for a layer's projection, on the dispatched kernel whatever its size (a
 /// decoded token's few rows go through the skinny path: Eigen's product at SSE2 speed, on one
 /// thread, is what this replaces). x (rows × depth) and out are column-major in T; w is stored
@@ -79,15 +104,13 @@ template <typename T, typename S>
 void linear_into(const T* x, Index ldx, Index rows, Index depth, const S* w, Index ldw, bool transposed, Index cols,
                  const T* bias, T* out, Index ldo, int threads = 0, Workspace& ws = default_workspace()) {
   if (rows == 0 || cols == 0) return;
-  std::vector<Index> channels(static_cast<std::size_t>(depth));
-  std::iota(channels.begin(), channels.end(), Index(0));
   GemmArguments<T, S> args;
   args.rows = rows;
   args.x = x, args.ldx = ldx;
   args.b = w, args.ldb = ldw, args.b_row_major = transposed;
   args.out = out, args.ldo = ldo;
   args.init_values = bias;
-  args.segments.push_back({channels.data(), depth, 0, cols});
+  args.segments.push_back({identity_channels(depth, ws), depth, 0, cols});
   gemm(args, {}, threads, ws);
 }
 

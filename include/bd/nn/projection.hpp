@@ -91,6 +91,12 @@ struct HeadIndices {
 };
 
 namespace detail {
+/// bd_project_into's index lists and segments (the calling thread's, in its Workspace).
+struct ProjectionScratch {
+  ScratchBuffer<Index> indices;                  ///< each output column's basis channel, then the heads' rest channels
+  ScratchBuffer<bd::kernel::Segment> segments;   ///< one per head
+};
+
 /// out = [z[:, h·step + S_h] + z[:, h·step + R_h]·C_h]_h: step 0 for one input every head reads
 /// (a key or value projection), step d_in for heads that read their own d_in-wide blocks of z
 /// (absorbed decoding's per-head latent outputs).
@@ -109,12 +115,15 @@ void bd_project_into(const ConstRef<A>& z, Index step, const HeadIndices& idx, c
     return v[static_cast<std::size_t>(idx.shared ? 0 : h)];
   };
   // The basis channel each output column starts from; with per-head inputs, each head's rest
-  // channels moved to its block.
-  std::vector<Index> init(static_cast<std::size_t>(n * d)), channels(static_cast<std::size_t>(step ? n * r : 0));
+  // channels moved to its block. These lists and the per-head segments live in the calling
+  // thread's Workspace: a decoded token's projection allocates nothing for them.
+  ProjectionScratch& scratch = ws.local<ProjectionScratch>();
+  Index* const init = scratch.indices.reserve(static_cast<std::size_t>(n * d + (step ? n * r : 0)));
+  Index* const channels = init + n * d;
   for (Index h = 0; h < n; ++h) {
-    for (Index j = 0; j < d; ++j) init[static_cast<std::size_t>(h * d + j)] = h * step + head(idx.basis, h)[static_cast<std::size_t>(j)];
+    for (Index j = 0; j < d; ++j) init[h * d + j] = h * step + head(idx.basis, h)[static_cast<std::size_t>(j)];
     if (step)
-      for (Index k = 0; k < r; ++k) channels[static_cast<std::size_t>(h * r + k)] = h * step + head(idx.rest, h)[static_cast<std::size_t>(k)];
+      for (Index k = 0; k < r; ++k) channels[h * r + k] = h * step + head(idx.rest, h)[static_cast<std::size_t>(k)];
   }
   bd::kernel::GemmArguments<A, S> args;
   args.rows = z.rows();
@@ -124,13 +133,14 @@ void bd_project_into(const ConstRef<A>& z, Index step, const HeadIndices& idx, c
   args.ldb = C.outerStride();
   args.out = out.data();
   args.ldo = out.outerStride();
-  args.init_channels = init.data();
-  if (step) {
-    for (Index h = 0; h < n; ++h) args.segments.push_back({channels.data() + h * r, r, h * d, d});
-  } else if (idx.shared) {
+  args.init_channels = init;
+  if (idx.shared && !step) {
     args.segments.push_back({idx.rest.front().data(), r, 0, n * d});
-  } else {
-    for (Index h = 0; h < n; ++h) args.segments.push_back({idx.rest[static_cast<std::size_t>(h)].data(), r, h * d, d});
+  } else {  // one segment per head
+    bd::kernel::Segment* const segments = scratch.segments.reserve(static_cast<std::size_t>(n));
+    for (Index h = 0; h < n; ++h)
+      segments[h] = {step ? channels + h * r : idx.rest[static_cast<std::size_t>(h)].data(), r, h * d, d};
+    args.segments.view(segments, static_cast<std::size_t>(n));
   }
   bd::kernel::gemm(args, blocking, 0, ws);
 }
@@ -168,23 +178,28 @@ MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& 
     throw ShapeError(bd::detail::message("bd_adjoint_heads: q is ", L, "x", q.cols(), " and C ", C.rows(), "x", C.cols(),
                                          " for ", n_q, " query heads over ", idx.heads(), " heads of ", d, " channels in ", d_in));
   MatrixA<A> out(L, n_q * d_in);
+  // Every head's output columns R_h and its channels of q, listed once for all heads: a head's
+  // product then allocates nothing (absorbed decoding runs one per head for every token).
+  const Index r = d_in - d;
+  std::vector<Index> columns(static_cast<std::size_t>(n_q * r));
+  for (Index h = 0; h < n_q; ++h) {
+    const auto& rest = idx.rest[static_cast<std::size_t>(idx.shared ? 0 : h / per)];
+    for (Index j = 0; j < r; ++j) columns[static_cast<std::size_t>(h * r + j)] = h * d_in + rest[static_cast<std::size_t>(j)];
+  }
+  const Index* const channels = bd::kernel::identity_channels(n_q * d, ws);
   // Decoding's few rows take the heads in parallel (heads_across_threads).
   bd::detail::parallel_for(
       n_q,
       [&](Index h) {
         const Index k = h / per;  // the head of idx (and of C) query head h reads
         const auto& basis = idx.basis[static_cast<std::size_t>(idx.shared ? 0 : k)];
-        const auto& rest = idx.rest[static_cast<std::size_t>(idx.shared ? 0 : k)];
         for (std::size_t j = 0; j < basis.size(); ++j) out.col(h * d_in + basis[j]) = q.col(h * d + Index(j));
-        std::vector<Index> columns(rest.size());
-        for (std::size_t j = 0; j < rest.size(); ++j) columns[j] = h * d_in + rest[j];
         bd::kernel::GemmArguments<A, S> args;
-        const std::vector<Index> channels = bd::detail::contiguous(h * d, d);
         args.rows = L;
         args.x = q.data(), args.ldx = q.outerStride();
         args.b = C.data() + k * d * C.outerStride(), args.ldb = C.outerStride(), args.b_row_major = true;
-        args.out = out.data(), args.ldo = out.outerStride(), args.out_columns = columns.data();
-        args.segments.push_back({channels.data(), d, 0, d_in - d});
+        args.out = out.data(), args.ldo = out.outerStride(), args.out_columns = columns.data() + h * r;
+        args.segments.push_back({channels + h * d, d, 0, r});
         bd::kernel::gemm(args, {}, 0, ws);
       },
       bd::kernel::heads_across_threads(L));
