@@ -30,6 +30,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -129,35 +130,6 @@ Index key_chunks(const AttentionArguments<T>& a, Index rows) {
   return std::min(flash_max_chunks(), (a.k_len + flash_chunk_keys() - 1) / flash_chunk_keys());
 }
 
-/// The merge of the chunks' results: each row's max M = max_c m_c, sum Σ_c l_c·e^(m_c − M) and
-/// output Σ_c O_c·e^(m_c − M) / sum — the online softmax's step, taken once per chunk. A chunk
-/// whose keys all follow the row (causal) left m_c = −∞ and adds nothing.
-template <typename T>
-void merge_key_chunks(const AttentionArguments<T>& a, Index chunks, const T* partial, int threads) {
-  const Index n = a.n_q * a.q_len, o_size = n * a.d_v, chunk_size = o_size + 2 * n;
-  (void)threads;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-#endif
-  for (Index row = 0; row < n; ++row) {
-    const Index h = row / a.q_len, t = row % a.q_len;
-    T top = -std::numeric_limits<T>::infinity();
-    for (Index c = 0; c < chunks; ++c) top = std::max(top, partial[c * chunk_size + o_size + row]);
-    T weight[flash_max_chunks()], sum = T(0);  // e^(m_c − M), 0 for a chunk the row saw no key of
-    for (Index c = 0; c < chunks; ++c) {
-      const T m = partial[c * chunk_size + o_size + row];
-      weight[c] = m == -std::numeric_limits<T>::infinity() ? T(0) : std::exp(m - top);
-      sum += weight[c] * partial[c * chunk_size + o_size + n + row];
-    }
-    for (Index d = 0; d < a.d_v; ++d) {
-      T acc = T(0);
-      for (Index c = 0; c < chunks; ++c)
-        if (weight[c] != T(0)) acc += weight[c] * partial[c * chunk_size + (h * a.d_v + d) * a.q_len + t];
-      a.out[(h * a.d_v + d) * a.ldo + t] = acc / sum;
-    }
-  }
-}
-
 /// How many channels ahead of the one it copies a key or value pack asks for its run: a block is
 /// one short run per channel, far apart (K and V lie channel by channel), which the hardware
 /// prefetcher does not follow, so unasked each run waited on memory. A scratch program packing
@@ -250,6 +222,9 @@ FlashTileKernel<T> flash_tile_kernel() {
   return k;
 }
 
+/// The most MR-row panels a task has: Bq ≤ 256 rows rounded up to MR (flash_row_block), MR ≥ 2.
+constexpr Index max_flash_panels = 129;
+
 template <typename T>
 void flash_attention_on(const AttentionArguments<T>& whole, int threads, const FlashTileKernel<T>& kernel, FlashScratch<T>& scratch) {
   const Index MR = kernel.mr, NR = kernel.nr;
@@ -261,6 +236,7 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   const Index Bq = chunks > 1 ? round_up(rows, MR) : flash_row_block(MR, D, dv_padded, sizeof(T));
   const Index row_blocks = (rows + Bq - 1) / Bq, tasks = groups * row_blocks;
   const Index panels = Bq / MR;
+  assert(panels <= max_flash_panels);
   // Per worker: packed queries, keys and values of one block, one panel's scores (used up before
   // the next panel's), output accumulators, and the rows' running max, sum, rescaling factor and
   // position.
@@ -271,23 +247,21 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   T* const buffers = scratch.values.reserve(static_cast<std::size_t>(per_worker * workers));
   Index* const positions = scratch.positions.reserve(static_cast<std::size_t>(3 * Bq * workers));  // pos, head, token
   const Index no_mask = std::numeric_limits<Index>::max() / 2;
-  // Each chunk of keys is a streaming call of its own into its part of `partials`: its output
-  // (q_len × n_q·d_v, unnormalised), then its rows' max and sum, from −∞ and 0.
+  // Each chunk of keys is a call of its own over the chunk's keys (parts[c]); unit (task, chunk)
+  // leaves its unnormalised output accumulators, packed as the unit computed them, and its rows'
+  // max and sum in its slot of `partials`, merged once all units are done (merge_units below):
+  // no unit unpacks its output.
   AttentionArguments<T>* const parts = chunks > 1 ? scratch.parts.reserve(static_cast<std::size_t>(chunks)) : nullptr;
+  const Index slot_size = o_size + 2 * Bq;
+  T* const partial = chunks > 1 ? scratch.partials.reserve(static_cast<std::size_t>(tasks * chunks * slot_size)) : nullptr;
   if (chunks > 1) {
-    const Index n = whole.n_q * whole.q_len, chunk_size = n * dv + 2 * n;
     const Index chunk_keys = (whole.k_len + chunks - 1) / chunks;
-    T* const partial = scratch.partials.reserve(static_cast<std::size_t>(chunks * chunk_size));
     for (Index c = 0; c < chunks; ++c) {
       AttentionArguments<T> part = whole;
       const Index k0 = c * chunk_keys;
       part.k_len = std::min(chunk_keys, whole.k_len - k0);
       part.k += k0, part.v += k0, part.first_key_position += k0;
       if (whole.d_rope) part.kr += k0;
-      part.out = partial + c * chunk_size, part.ldo = whole.q_len;
-      part.row_max = part.out + n * dv, part.row_sum = part.row_max + n;
-      std::fill(part.row_max, part.row_max + n, -std::numeric_limits<T>::infinity());
-      std::fill(part.row_sum, part.row_sum + n, T(0));
       parts[c] = part;
     }
   }
@@ -364,10 +338,12 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
     T* const kp = qp + q_size;
     T* const vp = kp + k_size;
     T* const sp = vp + v_size;
-    T* const op = sp + s_size;
+    // Split keys: the unit's accumulators and row statistics are its slot of `partial`.
+    T* const slot = chunks > 1 ? partial + unit * slot_size : nullptr;
+    T* const op = chunks > 1 ? slot : sp + s_size;
     T* const m = op + o_size;
     T* const l = m + Bq;
-    T* const alpha = l + Bq;
+    T* const alpha = chunks > 1 ? sp + s_size + o_size + 2 * Bq : l + Bq;
     Index* const pos = positions + me * 3 * Bq;
     const Index g = task_group(task), r0 = task_first_row(task), nrows = std::min(Bq, rows - r0);
     const Index kh = g * a.n_k / groups, vh = g * a.n_v / groups;
@@ -378,15 +354,20 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
     const T* const queries = chunks > 1 ? shared_queries + task * q_size : qp;
     const Index* const head = row_info + Bq;
     const Index* const token = head + Bq;
+    std::fill(m, m + Bq, -std::numeric_limits<T>::infinity());  // a skipped unit's slot adds nothing
+    std::fill(l, l + Bq, T(0));
     Index last_position = 0;
     for (Index i = 0; i < nrows; ++i) last_position = std::max(last_position, a.first_query_position + token[i]);
     const Index k_end = a.causal ? std::min(a.k_len, last_position + 1 - a.first_key_position) : a.k_len;
     if (k_end <= 0) continue;  // every key is after every row: nothing to add (streaming)
     const bool streaming = a.row_max != nullptr;
-    std::fill(m, m + Bq, -std::numeric_limits<T>::infinity());
-    std::fill(l, l + Bq, T(0));
-    std::fill(op, op + o_size, T(0));
+    // Whether panel p's accumulators hold anything yet. A panel's first block starts its tiles
+    // from zero and skips the rescaling (α = e^−∞ = 0 there), which is what filling them with
+    // zeros first computed, to the bit, without the fill and the rescaling pass.
+    bool started[max_flash_panels];
+    std::fill(started, started + panels, streaming);
     if (streaming) {  // continue from the state the previous calls left
+      std::fill(op, op + o_size, T(0));
       for (Index i = 0; i < nrows; ++i)
         m[i] = a.row_max[head[i] * a.q_len + token[i]], l[i] = a.row_sum[head[i] * a.q_len + token[i]];
       // A row that has seen no key yet (max −∞) starts from out = 0 (see row_max): nothing to
@@ -427,14 +408,19 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
               s[k * MR + i] = -std::numeric_limits<T>::infinity();
         kernel.softmax_panel(s, kn, m + p * MR, l + p * MR, alpha + p * MR);
         T* o = op + p * MR * dv_padded;
-        kernel.scale_panel(o, dv, alpha + p * MR);
+        if (started[p]) kernel.scale_panel(o, dv, alpha + p * MR);
         for (Index c0 = 0; c0 < dv; c0 += NR) {
           T* cols[max_tile_columns];
           for (Index j = 0; j < NR; ++j) cols[j] = o + (c0 + j) * MR;
-          kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, cols, nullptr, cols);
+          kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, started[p] ? cols : nullptr, nullptr, cols);
         }
+        started[p] = true;
       }
     }
+    if (chunks > 1) continue;  // the slot holds the unit's result; merge_units reads it
+    // A panel that saw no key holds zeros, as if filled at the start.
+    for (Index p = 0; p < panels; ++p)
+      if (!started[p]) std::fill(op + p * MR * dv_padded, op + (p + 1) * MR * dv_padded, T(0));
     // O / l into the output rows, channel by channel (streaming: O, max and sum as they are, for
     // the next call). alpha is free now: it holds each row's factor.
     for (Index i = 0; i < nrows; ++i) {
@@ -463,7 +449,48 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
         }
     }
   }
-  if (chunks > 1) merge_key_chunks(whole, chunks, parts[0].out, threads);
+  if (chunks == 1) return;
+  // The merge of the chunks' results (FlashDecoding's last step): each row's max M = max_c m_c,
+  // sum Σ_c l_c·e^(m_c − M) and output Σ_c O_c·e^(m_c − M) / sum — the online softmax's step,
+  // taken once per chunk. A chunk whose keys all follow the row (causal), or a panel that saw
+  // none of its keys, left m_c = −∞ and adds nothing (its accumulators are never read). Panel by
+  // panel, reading the units' packed accumulators as they lie (row p0 + t, channel d at
+  // O[p0·dv_padded + d·MR + t]): the MR rows of a channel are one contiguous run of each chunk's.
+  const Index merged_panels = tasks * panels;
+  (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+  for (Index u = 0; u < merged_panels; ++u) {
+    const Index task = u / panels, p0 = u % panels * MR, nrows = std::min(Bq, rows - task_first_row(task));
+    if (p0 >= nrows) continue;
+    const Index count = std::min(MR, nrows - p0);
+    const Index* const head = shared_positions + task * 3 * Bq + Bq + p0;
+    const Index* const token = head + Bq;
+    const T* const first = partial + task * chunks * slot_size;
+    const auto stat = [&](Index c, Index which) { return first + c * slot_size + o_size + which * Bq + p0; };  // m: 0, l: 1
+    T weight[flash_max_chunks()][max_tile_rows];  // e^(m_c − M), 0 for a chunk the row saw no key of
+    T top[max_tile_rows], sum[max_tile_rows], acc[max_tile_rows];
+    for (Index t = 0; t < count; ++t) {
+      top[t] = -std::numeric_limits<T>::infinity();
+      for (Index c = 0; c < chunks; ++c) top[t] = std::max(top[t], stat(c, 0)[t]);
+      sum[t] = T(0);
+      for (Index c = 0; c < chunks; ++c) {
+        const T m = stat(c, 0)[t];
+        weight[c][t] = m == -std::numeric_limits<T>::infinity() ? T(0) : std::exp(m - top[t]);
+        sum[t] += weight[c][t] * stat(c, 1)[t];
+      }
+    }
+    for (Index d = 0; d < dv; ++d) {
+      std::fill(acc, acc + count, T(0));
+      for (Index c = 0; c < chunks; ++c) {
+        const T* const o = first + c * slot_size + p0 * dv_padded + d * MR;
+        // acc + 0 is acc exactly (acc is never −0), so the select adds what skipping would.
+        for (Index t = 0; t < count; ++t) acc[t] += weight[c][t] != T(0) ? weight[c][t] * o[t] : T(0);
+      }
+      for (Index t = 0; t < count; ++t) whole.out[(head[t] * dv + d) * whole.ldo + token[t]] = acc[t] / sum[t];
+    }
+  }
 }
 
 /// Few query rows per key/value head (decoding, GQA decoding: group·Lq ≤ 8): the tile path would
