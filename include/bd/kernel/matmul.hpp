@@ -68,9 +68,6 @@ void product_on_kernel(const Operand<T>& x, const Operand<T>& b, Index rows, Ind
   gemm_with<false>(args, {}, 0, ws);  // matmul_or_add sends a few rows to product_small
 }
 
-}  // namespace detail
-
-namespace detail {
 /// The channel lists 0, 1, …, n − 1 a thread's products have asked for (identity_channels), kept
 /// in its Workspace. A longer list is a new array; earlier ones stay, so no pointer handed out
 /// ever dangles (their sizes at least double, so they hold under twice the longest).
