@@ -6,7 +6,11 @@
 // double, on every micro-kernel this CPU runs, and with scores of ±1e4, where a softmax without
 // its running maximum overflows; the keys streamed over several calls equal one call; and a call
 // of a shape the workspace has seen allocates nothing (decoding allocates no scratch per token).
+// Keys and values may lie in a cache with spare rows past the last key (ldk > Lk), which hold NaN
+// here: a tile that reads keys in place (AVX-512) past a run, or at the wrong stride, shows.
 #include <bd/kernel/flash_attention.hpp>
+
+#include <limits>
 
 #include "allocation_counter.hpp"
 #include "support.hpp"
@@ -26,6 +30,7 @@ struct Shape {
   bool causal;
   Index first = 0;
   double spread = 1;  ///< scales the queries: scores of order spread²·d
+  Index pad = 0;      ///< K, k_rope and V lie `pad` rows apart past Lk (a cache's spare capacity), holding NaN
 };
 
 /// The plain computation, in double: one head at a time, the whole score matrix.
@@ -56,21 +61,27 @@ std::pair<MatrixXd, double> attend(const Shape& s, unsigned seed, int threads) {
   using M = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
   const M Q = (bd_test::gaussian(s.Lq, s.n_q * s.d_qk, seed) * s.spread).cast<T>();
   const M Qr = (bd_test::gaussian(s.Lq, s.n_q * s.d_rope, seed + 1) * s.spread).cast<T>();
-  const M K = bd_test::gaussian(s.Lk, s.n_k * s.d_qk, seed + 2).cast<T>();
-  const M Kr = bd_test::gaussian(s.Lk, s.d_rope, seed + 3).cast<T>();
-  const M V = bd_test::gaussian(s.Lk, s.n_v * s.d_v, seed + 4).cast<T>();
+  // K, k_rope and V with `pad` rows of NaN below their Lk keys: a read past a key's run shows.
+  const auto padded = [&](Index cols, unsigned from) {
+    M X = M::Constant(s.Lk + s.pad, cols, std::numeric_limits<T>::quiet_NaN());
+    X.topRows(s.Lk) = bd_test::gaussian(s.Lk, cols, from).cast<T>();
+    return X;
+  };
+  const M K = padded(s.n_k * s.d_qk, seed + 2), Kr = padded(s.d_rope, seed + 3), V = padded(s.n_v * s.d_v, seed + 4);
+  const Index ld = s.Lk + s.pad;
   const double scale = 1.0 / std::sqrt(double(s.d_qk + s.d_rope));
   AttentionArguments<T> a;
   a.q_len = s.Lq, a.k_len = s.Lk, a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = s.n_v;
   a.d_qk = s.d_qk, a.d_rope = s.d_rope, a.d_v = s.d_v;
   a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq;
-  a.k = K.data(), a.ldk = s.Lk, a.kr = Kr.data(), a.ldkr = s.Lk, a.v = V.data(), a.ldv = s.Lk;
+  a.k = K.data(), a.ldk = ld, a.kr = Kr.data(), a.ldkr = ld, a.v = V.data(), a.ldv = ld;
   M O = M::Constant(s.Lq, s.n_q * s.d_v, T(7));
   a.out = O.data(), a.ldo = s.Lq;
   a.scale = T(scale), a.causal = s.causal, a.first_query_position = s.first;
   bd::kernel::flash_attention(a, threads);
-  const MatrixXd expected = reference(s, Q.template cast<double>(), Qr.template cast<double>(), K.template cast<double>(),
-                                      Kr.template cast<double>(), V.template cast<double>(), double(T(scale)));
+  const MatrixXd expected =
+      reference(s, Q.template cast<double>(), Qr.template cast<double>(), K.topRows(s.Lk).template cast<double>(),
+                Kr.topRows(s.Lk).template cast<double>(), V.topRows(s.Lk).template cast<double>(), double(T(scale)));
   const MatrixXd got = O.template cast<double>();
   return {got, (got - expected).cwiseAbs().maxCoeff() / expected.cwiseAbs().maxCoeff()};
 }
@@ -131,6 +142,10 @@ const Shape kShapes[] = {
     {2, 4500, 64, 1, 1, 16, 0, 16, true, 1500},  // queries at 1500, 1501: chunks 2…4 after every row (no key seen)
     {3, 3000, 8, 2, 2, 16, 4, 12, false},        // two groups of 12 rows, not causal, three chunks
     {1, 70000, 16, 1, 1, 8, 0, 8, true, 69999},  // past 64 chunks of 1024: 64 chunks of 1094 keys
+    // Keys and values in a cache with spare rows (NaN) past the last key: runs read ldk apart
+    {1, 3001, 64, 1, 1, 24, 8, 24, true, 3000, 1, 999},  // absorbed decoding, three chunks, keys read in place
+    {40, 300, 4, 2, 2, 16, 4, 12, true, 260, 1, 13},     // a chunk's prefill, two key heads, an odd stride
+    {2, 700, 2, 2, 2, 16, 4, 8, true, 698, 1, 5},        // few rows per head: K and V read in place there too
 };
 
 }  // namespace

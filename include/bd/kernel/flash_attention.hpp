@@ -4,7 +4,8 @@
 //   for each task (a key/value head group, a block of its query rows)      in parallel
 //     pack the rows' queries, scaled, [q | q_rope]                          MR-row panels
 //     for each block of keys the rows can see (causal blocks skipped)
-//       pack [k | k_rope] as NR-key panels, v as NR-channel panels          L2
+//       pack [k | k_rope] as NR-key panels (AVX-512 reads them in place),  L2
+//       v as NR-channel panels
 //       per MR-row panel:  S = Q·Kᵀ  (tile, written key-major: the packed A of P·V)
 //                          mask the causal diagonal, online softmax step (softmax_panel)
 //                          O ← α·O + P·V  (scale_panel, tile with O as its start)
@@ -145,6 +146,20 @@ void prefetch_run(const T* run, Index bk) {
   __builtin_prefetch(run + bk - 1, 0, 3);
 }
 
+/// Asks for the same run to be brought into L2 only (flash_attention_on's next key block).
+template <typename T>
+void prefetch_run_l2(const T* run, Index bk) {
+  for (Index k = 0; k < bk; k += Index(64 / sizeof(T))) __builtin_prefetch(run + k, 0, 2);
+  __builtin_prefetch(run + bk - 1, 0, 2);
+}
+
+/// Where channel c of [k | k_rope] of key head kh starts at key k0: keys lie channel by channel,
+/// each channel's keys one contiguous run.
+template <typename T>
+const T* key_run(const AttentionArguments<T>& a, Index kh, Index k0, Index c) {
+  return c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 : a.kr + (c - a.d_qk) * a.ldkr + k0;
+}
+
 /// A key block's keys as NR-key panels, k-major: kp[j0·D + c·NR + j] = [k | k_rope](k0 + j0 + j, c),
 /// zero past bk. Channel by channel, so each of K's columns is read in one run of bk keys (D
 /// concurrent strided streams, one per channel, defeat the prefetcher: 3–5× slower when K comes
@@ -152,9 +167,7 @@ void prefetch_run(const T* run, Index bk) {
 template <Index NR, typename T>
 void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp) {
   const Index D = a.d_qk + a.d_rope;
-  const auto run = [&](Index c) {
-    return c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 : a.kr + (c - a.d_qk) * a.ldkr + k0;
-  };
+  const auto run = [&](Index c) { return key_run(a, kh, k0, c); };
   for (Index c = 0; c < D; ++c) {
     const T* from = run(c);
     if (c + pack_prefetch_channels < D) prefetch_run(run(c + pack_prefetch_channels), bk);
@@ -203,11 +216,20 @@ template <typename T>
 struct FlashTileKernel {
   Index mr = 0, nr = 0;
   void (*tile)(Index columns, Index kc, const T* A, const T* B, const T* const* src, const T* values, T* const* dst) = nullptr;
+  /// tile with B read in place, its rows ldb apart; null where the kernel packs keys (see keys_in_place)
+  void (*tile_strided)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
+                       T* const* dst) = nullptr;
   void (*softmax_panel)(T* s, Index n, T* m, T* l, T* alpha) = nullptr;
   void (*scale_panel)(T* o, Index columns, const T* alpha) = nullptr;
   void (*pack_keys)(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp) = nullptr;
   void (*pack_values)(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp) = nullptr;
 };
+
+/// Whether a kernel has tile_strided (B read in place, its rows ldb apart): AVX-512's.
+template <typename Kernel, typename = void>
+struct has_strided_tile : std::false_type {};
+template <typename Kernel>
+struct has_strided_tile<Kernel, std::void_t<decltype(&Kernel::tile_strided)>> : std::true_type {};
 
 template <typename Kernel, typename T>
 FlashTileKernel<T> flash_tile_kernel() {
@@ -215,6 +237,7 @@ FlashTileKernel<T> flash_tile_kernel() {
   FlashTileKernel<T> k;
   k.mr = Kernel::mr, k.nr = Kernel::nr;
   k.tile = &Kernel::tile;
+  if constexpr (has_strided_tile<Kernel>::value) k.tile_strided = &Kernel::tile_strided;
   k.softmax_panel = &Kernel::softmax_panel;
   k.scale_panel = &Kernel::scale_panel;
   k.pack_keys = &pack_key_panels<Kernel::nr, T>;
@@ -322,6 +345,17 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   Index* const shared_positions = chunks > 1 ? scratch.task_positions.reserve(static_cast<std::size_t>(tasks * 3 * Bq)) : nullptr;
   for (Index task = 0; chunks > 1 && task < tasks; ++task)
     prepare_rows(task, shared_positions + task * 3 * Bq, shared_queries + task * q_size);
+  // Keys read in place where the kernel has a tile for it (AVX-512): a score tile's B panel is NR
+  // keys of each of D channels, which lie contiguous in K's columns, so the tile reads them there,
+  // ldk apart, instead of from a packed copy; the next block's runs are brought into L2 during
+  // this block's last panel. Packing a block read 576 runs 64 KiB apart from memory, one after
+  // another, with nothing to overlap: 14 % of an absorbed MLA token's samples at DeepSeek-V3's
+  // shape, 16k context (2-core Zen 5). In place, the same FMAs in the same order (the RoPE
+  // channels continue from the stored accumulators: the same bits): that token 40.6 → 35.2 ms,
+  // the 64-token chunked prefill at 16k 1.36 → 1.14 s (docs/benchmarks.md, 2026-12-06). The
+  // AVX2 tile (16 rows, 6 keys) reads each key's line for half as many FMAs and twice as many
+  // panels; in place it ran level or slower there (52.9 → 53.7 ms), so it packs.
+  const bool keys_in_place = kernel.tile_strided != nullptr;
   const Index units = tasks * chunks;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)
@@ -381,7 +415,13 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
 
     for (Index k0 = 0; k0 < k_end; k0 += Bk) {
       const Index bk = std::min(Bk, k_end - k0);
-      kernel.pack_keys(a, kh, k0, bk, kp);
+      if (!keys_in_place) kernel.pack_keys(a, kh, k0, bk, kp);
+      // Keys read in place: the next block's runs are asked for into L2 during this block's last
+      // panel's P·V tiles, a few channels before each tile (see keys_in_place).
+      const Index next0 = k0 + Bk, next_bk = keys_in_place ? std::min(Bk, k_end - next0) : 0;
+      const Index last_panel = (nrows - 1) / MR, pv_tiles = dv_padded / NR;
+      const Index per_tile = next_bk > 0 ? (D + pv_tiles - 1) / pv_tiles : 0;
+      Index next_channel = 0;
       kernel.pack_values(a, vh, k0, bk, vp);
       for (Index p = 0; p < panels; ++p) {
         const Index* row_pos = row_info + p * MR;
@@ -400,7 +440,16 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
         for (Index j0 = 0; j0 < kn; j0 += NR) {
           T* dst[max_tile_columns];
           for (Index j = 0; j < NR; ++j) dst[j] = s + (j0 + j) * MR;
-          kernel.tile(std::min(NR, bk - j0), D, queries + p * MR * D, kp + j0 * D, nullptr, nullptr, dst);
+          const Index nj = std::min(NR, bk - j0);
+          if (!keys_in_place) {
+            kernel.tile(nj, D, queries + p * MR * D, kp + j0 * D, nullptr, nullptr, dst);
+          } else {  // k, then k_rope continuing from the stored sums
+            const T* const* stored = dst;
+            kernel.tile_strided(nj, a.d_qk, queries + p * MR * D, key_run(a, kh, k0 + j0, 0), a.ldk, nullptr, nullptr, dst);
+            if (a.d_rope)
+              kernel.tile_strided(nj, a.d_rope, queries + p * MR * D + a.d_qk * MR, key_run(a, kh, k0 + j0, a.d_qk), a.ldkr,
+                                  stored, nullptr, dst);
+          }
         }
         if (lowest < key0 + kn - 1)  // the causal diagonal crosses this block: mask keys after each row
           for (Index i = 0; i < MR; ++i)
@@ -412,6 +461,9 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
         for (Index c0 = 0; c0 < dv; c0 += NR) {
           T* cols[max_tile_columns];
           for (Index j = 0; j < NR; ++j) cols[j] = o + (c0 + j) * MR;
+          if (p == last_panel)
+            for (Index e = 0; e < per_tile && next_channel < D; ++e, ++next_channel)
+              prefetch_run_l2(key_run(a, kh, next0, next_channel), next_bk);
           kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, started[p] ? cols : nullptr, nullptr, cols);
         }
         started[p] = true;

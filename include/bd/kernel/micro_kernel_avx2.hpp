@@ -110,7 +110,7 @@ struct Avx2Kernel {
 
   BD_TARGET_AVX2 static void tile(Index columns, Index kc, const T* A, const T* B, const T* const* src, const T* values,
                                   T* const* dst) {
-    avx2::tile<nr, nr, Ops>(columns, kc, A, B, src, values, dst);
+    avx2::tile<nr, nr, Ops>(columns, kc, A, B, nr, src, values, dst);
   }
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {

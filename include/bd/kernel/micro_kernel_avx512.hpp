@@ -103,7 +103,12 @@ struct Avx512Kernel {
 
   BD_TARGET_AVX512 static void tile(Index columns, Index kc, const T* A, const T* B, const T* const* src, const T* values,
                                     T* const* dst) {
-    avx512::tile<nr, nr, Ops>(columns, kc, A, B, src, values, dst);
+    avx512::tile<nr, nr, Ops>(columns, kc, A, B, nr, src, values, dst);
+  }
+  /// The same with B read in place, its rows ldb apart (flash attention's keys, flash_attention.hpp).
+  BD_TARGET_AVX512 static void tile_strided(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src,
+                                             const T* values, T* const* dst) {
+    avx512::tile<nr, nr, Ops>(columns, kc, A, B, ldb, src, values, dst);
   }
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
