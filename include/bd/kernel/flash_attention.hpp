@@ -139,18 +139,12 @@ Index key_chunks(const AttentionArguments<T>& a, Index rows) {
 /// the latent sequentially — and 2.2–2.4 ms at 64; into L2 rather than L1, 3.5–4.4 ms at 16.
 constexpr Index pack_prefetch_channels = 32;
 
-/// Asks for the run of bk values at `run` to be brought into L1 (see pack_prefetch_channels).
-template <typename T>
+/// Asks for the run of bk values at `run` to be brought into L1 (Locality 3: see
+/// pack_prefetch_channels), or into L2 only (2: flash_attention_on's next key block).
+template <int Locality = 3, typename T>
 void prefetch_run(const T* run, Index bk) {
-  for (Index k = 0; k < bk; k += Index(64 / sizeof(T))) __builtin_prefetch(run + k, 0, 3);
-  __builtin_prefetch(run + bk - 1, 0, 3);
-}
-
-/// Asks for the same run to be brought into L2 only (flash_attention_on's next key block).
-template <typename T>
-void prefetch_run_l2(const T* run, Index bk) {
-  for (Index k = 0; k < bk; k += Index(64 / sizeof(T))) __builtin_prefetch(run + k, 0, 2);
-  __builtin_prefetch(run + bk - 1, 0, 2);
+  for (Index k = 0; k < bk; k += Index(64 / sizeof(T))) __builtin_prefetch(run + k, 0, Locality);
+  __builtin_prefetch(run + bk - 1, 0, Locality);
 }
 
 /// Where channel c of [k | k_rope] of key head kh starts at key k0: keys lie channel by channel,
@@ -260,10 +254,22 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   const Index row_blocks = (rows + Bq - 1) / Bq, tasks = groups * row_blocks;
   const Index panels = Bq / MR;
   assert(panels <= max_flash_panels);
-  // Per worker: packed queries, keys and values of one block, one panel's scores (used up before
-  // the next panel's), output accumulators, and the rows' running max, sum, rescaling factor and
-  // position.
-  const Index q_size = Bq * D, k_size = round_up(Bk, NR) * D, v_size = Bk * dv_padded, s_size = MR * round_up(Bk, NR);
+  // Keys read in place where the kernel has a tile for it (AVX-512): a score tile's B panel is NR
+  // keys of each of D channels, which lie contiguous in K's columns, so the tile reads them there,
+  // ldk apart, instead of from a packed copy; the next block's runs are brought into L2 during
+  // this block's last panel. Packing a block read 576 runs 64 KiB apart from memory, one after
+  // another, with nothing to overlap: 14 % of an absorbed MLA token's samples at DeepSeek-V3's
+  // shape, 16k context (2-core Zen 5). In place, the same FMAs in the same order (the RoPE
+  // channels continue from the stored accumulators: the same bits): that token 40.6 → 35.2 ms,
+  // the 64-token chunked prefill at 16k 1.36 → 1.14 s (docs/benchmarks.md, 2026-12-06). The
+  // AVX2 tile (16 rows, 6 keys) reads each key's line for half as many FMAs and twice as many
+  // panels; in place it ran level or slower there (52.9 → 53.7 ms), so it packs.
+  const bool keys_in_place = kernel.tile_strided != nullptr;
+  // Per worker: packed queries, keys (unless read in place) and values of one
+  // block, one panel's scores (used up before the next panel's), output accumulators, and the
+  // rows' running max, sum, rescaling factor and position.
+  const Index q_size = Bq * D, k_size = keys_in_place ? 0 : round_up(Bk, NR) * D, v_size = Bk * dv_padded;
+  const Index s_size = MR * round_up(Bk, NR);
   const Index o_size = Bq * dv_padded, stats = 3 * Bq;
   const Index per_worker = q_size + k_size + v_size + s_size + o_size + stats;
   const Index workers = std::max(1, threads);
@@ -345,17 +351,6 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   Index* const shared_positions = chunks > 1 ? scratch.task_positions.reserve(static_cast<std::size_t>(tasks * 3 * Bq)) : nullptr;
   for (Index task = 0; chunks > 1 && task < tasks; ++task)
     prepare_rows(task, shared_positions + task * 3 * Bq, shared_queries + task * q_size);
-  // Keys read in place where the kernel has a tile for it (AVX-512): a score tile's B panel is NR
-  // keys of each of D channels, which lie contiguous in K's columns, so the tile reads them there,
-  // ldk apart, instead of from a packed copy; the next block's runs are brought into L2 during
-  // this block's last panel. Packing a block read 576 runs 64 KiB apart from memory, one after
-  // another, with nothing to overlap: 14 % of an absorbed MLA token's samples at DeepSeek-V3's
-  // shape, 16k context (2-core Zen 5). In place, the same FMAs in the same order (the RoPE
-  // channels continue from the stored accumulators: the same bits): that token 40.6 → 35.2 ms,
-  // the 64-token chunked prefill at 16k 1.36 → 1.14 s (docs/benchmarks.md, 2026-12-06). The
-  // AVX2 tile (16 rows, 6 keys) reads each key's line for half as many FMAs and twice as many
-  // panels; in place it ran level or slower there (52.9 → 53.7 ms), so it packs.
-  const bool keys_in_place = kernel.tile_strided != nullptr;
   const Index units = tasks * chunks;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)
@@ -463,7 +458,7 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
           for (Index j = 0; j < NR; ++j) cols[j] = o + (c0 + j) * MR;
           if (p == last_panel)
             for (Index e = 0; e < per_tile && next_channel < D; ++e, ++next_channel)
-              prefetch_run_l2(key_run(a, kh, next0, next_channel), next_bk);
+              prefetch_run<2>(key_run(a, kh, next0, next_channel), next_bk);
           kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, started[p] ? cols : nullptr, nullptr, cols);
         }
         started[p] = true;
