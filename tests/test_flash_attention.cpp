@@ -6,8 +6,10 @@
 // double, on every micro-kernel this CPU runs, and with scores of ±1e4, where a softmax without
 // its running maximum overflows; the keys streamed over several calls equal one call; and a call
 // of a shape the workspace has seen allocates nothing (decoding allocates no scratch per token).
-// Keys and values may lie in a cache with spare rows past the last key (ldk > Lk), which hold NaN
-// here: a tile that reads keys in place (AVX-512) past a run, or at the wrong stride, shows.
+// Keys and values may lie in a cache with spare rows past the last key (ldk > Lk, ldv > Lk, the two
+// apart), which hold NaN here: a tile that reads keys or values in place (AVX-512) past a run, or
+// at the wrong stride, shows; and the values may be the keys' first channels (absorbed MLA's
+// latent is both).
 #include <bd/kernel/flash_attention.hpp>
 
 #include <limits>
@@ -30,7 +32,8 @@ struct Shape {
   bool causal;
   Index first = 0;
   double spread = 1;  ///< scales the queries: scores of order spread²·d
-  Index pad = 0;      ///< K, k_rope and V lie `pad` rows apart past Lk (a cache's spare capacity), holding NaN
+  Index pad = 0;      ///< K and k_rope lie Lk + pad rows apart, V Lk + 2·pad (a cache's spare capacity, NaN)
+  bool values_are_keys = false;  ///< V is K's first d_v channels, read from K (n_k = n_v = 1, d_v ≤ d_qk)
 };
 
 /// The plain computation, in double: one head at a time, the whole score matrix.
@@ -67,14 +70,17 @@ std::pair<MatrixXd, double> attend(const Shape& s, unsigned seed, int threads) {
     X.topRows(s.Lk) = bd_test::gaussian(s.Lk, cols, from).cast<T>();
     return X;
   };
-  const M K = padded(s.n_k * s.d_qk, seed + 2), Kr = padded(s.d_rope, seed + 3), V = padded(s.n_v * s.d_v, seed + 4);
+  const M K = padded(s.n_k * s.d_qk, seed + 2), Kr = padded(s.d_rope, seed + 3);
   const Index ld = s.Lk + s.pad;
+  M V = M::Constant(s.Lk + 2 * s.pad, s.n_v * s.d_v, std::numeric_limits<T>::quiet_NaN());
+  V.topRows(s.Lk) = s.values_are_keys ? M(K.topLeftCorner(s.Lk, s.d_v)) : M(bd_test::gaussian(s.Lk, s.n_v * s.d_v, seed + 4).cast<T>());
   const double scale = 1.0 / std::sqrt(double(s.d_qk + s.d_rope));
   AttentionArguments<T> a;
   a.q_len = s.Lq, a.k_len = s.Lk, a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = s.n_v;
   a.d_qk = s.d_qk, a.d_rope = s.d_rope, a.d_v = s.d_v;
   a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq;
-  a.k = K.data(), a.ldk = ld, a.kr = Kr.data(), a.ldkr = ld, a.v = V.data(), a.ldv = ld;
+  a.k = K.data(), a.ldk = ld, a.kr = Kr.data(), a.ldkr = ld;
+  a.v = s.values_are_keys ? K.data() : V.data(), a.ldv = s.values_are_keys ? ld : V.rows();
   M O = M::Constant(s.Lq, s.n_q * s.d_v, T(7));
   a.out = O.data(), a.ldo = s.Lq;
   a.scale = T(scale), a.causal = s.causal, a.first_query_position = s.first;
@@ -83,7 +89,8 @@ std::pair<MatrixXd, double> attend(const Shape& s, unsigned seed, int threads) {
       reference(s, Q.template cast<double>(), Qr.template cast<double>(), K.topRows(s.Lk).template cast<double>(),
                 Kr.topRows(s.Lk).template cast<double>(), V.topRows(s.Lk).template cast<double>(), double(T(scale)));
   const MatrixXd got = O.template cast<double>();
-  return {got, (got - expected).cwiseAbs().maxCoeff() / expected.cwiseAbs().maxCoeff()};
+  // PropagateNaN: Eigen's default maximum may skip a NaN, and a read of the NaN spare rows must show.
+  return {got, (got - expected).cwiseAbs().maxCoeff<Eigen::PropagateNaN>() / expected.cwiseAbs().maxCoeff()};
 }
 
 /// Seeded float inputs of shape s and the call that reads them (scale 0.2, causal from s.first),
@@ -144,7 +151,9 @@ const Shape kShapes[] = {
     {1, 70000, 16, 1, 1, 8, 0, 8, true, 69999},  // past 64 chunks of 1024: 64 chunks of 1094 keys
     // Keys and values in a cache with spare rows (NaN) past the last key: runs read ldk apart
     {1, 3001, 64, 1, 1, 24, 8, 24, true, 3000, 1, 999},  // absorbed decoding, three chunks, keys read in place
-    {40, 300, 4, 2, 2, 16, 4, 12, true, 260, 1, 13},     // a chunk's prefill, two key heads, an odd stride
+    {1, 3001, 64, 1, 1, 24, 8, 20, true, 3000, 1, 17, true},  // the same with the values the latent's first channels
+    {70, 900, 8, 1, 1, 32, 8, 32, true, 830, 1, 3, true},     // an absorbed chunk: values are keys, several key blocks
+    {40, 300, 4, 2, 2, 16, 4, 12, true, 260, 1, 13},     // a chunk's prefill, two key heads, odd strides
     {2, 700, 2, 2, 2, 16, 4, 8, true, 698, 1, 5},        // few rows per head: K and V read in place there too
 };
 
@@ -221,7 +230,7 @@ TEST_CASE("flash attention streamed over key blocks in several calls equals one 
       k0 += n;
     }
     bd::kernel::flash_attention_finish(a);
-    const double err = (streamed - whole).cwiseAbs().maxCoeff() / whole.cwiseAbs().maxCoeff();
+    const double err = (streamed - whole).cwiseAbs().maxCoeff<Eigen::PropagateNaN>() / whole.cwiseAbs().maxCoeff();
     INFO(s.Lq << " queries, streamed against one call: " << err);
     CHECK(err <= 1e-6);
     }

@@ -5,7 +5,7 @@
 //     pack the rows' queries, scaled, [q | q_rope]                          MR-row panels
 //     for each block of keys the rows can see (causal blocks skipped)
 //       pack [k | k_rope] as NR-key panels (AVX-512 reads them in place),  L2
-//       v as NR-channel panels
+//       v as NR-channel panels (AVX-512 reads absorbed MLA's, the latent, in place)
 //       per MR-row panel:  S = Q·Kᵀ  (tile, written key-major: the packed A of P·V)
 //                          mask the causal diagonal, online softmax step (softmax_panel)
 //                          O ← α·O + P·V  (scale_panel, tile with O as its start)
@@ -213,13 +213,17 @@ struct FlashTileKernel {
   /// tile with B read in place, its rows ldb apart; null where the kernel packs keys (see keys_in_place)
   void (*tile_strided)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
                        T* const* dst) = nullptr;
+  /// tile with B read in place, its columns ldb apart; null where the kernel packs values (see keys_in_place)
+  void (*tile_transposed)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
+                          T* const* dst) = nullptr;
   void (*softmax_panel)(T* s, Index n, T* m, T* l, T* alpha) = nullptr;
   void (*scale_panel)(T* o, Index columns, const T* alpha) = nullptr;
   void (*pack_keys)(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp) = nullptr;
   void (*pack_values)(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp) = nullptr;
 };
 
-/// Whether a kernel has tile_strided (B read in place, its rows ldb apart): AVX-512's.
+/// Whether a kernel has tile_strided and tile_transposed (B read in place, its rows or its columns
+/// ldb apart): AVX-512's.
 template <typename Kernel, typename = void>
 struct has_strided_tile : std::false_type {};
 template <typename Kernel>
@@ -231,7 +235,7 @@ FlashTileKernel<T> flash_tile_kernel() {
   FlashTileKernel<T> k;
   k.mr = Kernel::mr, k.nr = Kernel::nr;
   k.tile = &Kernel::tile;
-  if constexpr (has_strided_tile<Kernel>::value) k.tile_strided = &Kernel::tile_strided;
+  if constexpr (has_strided_tile<Kernel>::value) k.tile_strided = &Kernel::tile_strided, k.tile_transposed = &Kernel::tile_transposed;
   k.softmax_panel = &Kernel::softmax_panel;
   k.scale_panel = &Kernel::scale_panel;
   k.pack_keys = &pack_key_panels<Kernel::nr, T>;
@@ -265,10 +269,21 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   // AVX2 tile (16 rows, 6 keys) reads each key's line for half as many FMAs and twice as many
   // panels; in place it ran level or slower there (52.9 → 53.7 ms), so it packs.
   const bool keys_in_place = kernel.tile_strided != nullptr;
+  // Values that are the keys' first channels — absorbed MLA, where the latent is both — are read
+  // in place too: the block's score tiles have just brought its lines into L2, and P·V reads them
+  // there (tile_transposed: a tile's NR channels are NR runs of the block's keys) instead of
+  // copying them into NR-channel panels first. The packing had been an eighth of the absorbed
+  // token's attention; in place the attention over a 16k latent at DeepSeek-V3's shape ran 1.08×
+  // faster (17.7 → 16.4 ms, 2-core Zen 5, eight alternated pairs), the same FMAs in the same
+  // order (docs/benchmarks.md, 2026-12-06). Other values keep their panels: a 64-token chunk against a 16k per-head cache,
+  // read from memory, ran 8 % slower with them in place (the packing asks for each run ahead).
+  const bool values_are_keys = whole.v == whole.k && whole.ldv == whole.ldk && whole.d_v <= whole.d_qk &&
+                               whole.n_k == whole.n_v && (whole.n_k == 1 || whole.d_v == whole.d_qk);
+  const bool values_in_place = keys_in_place && kernel.tile_transposed != nullptr && values_are_keys;
   // Per worker: packed queries, keys (unless read in place) and values of one
   // block, one panel's scores (used up before the next panel's), output accumulators, and the
   // rows' running max, sum, rescaling factor and position.
-  const Index q_size = Bq * D, k_size = keys_in_place ? 0 : round_up(Bk, NR) * D, v_size = Bk * dv_padded;
+  const Index q_size = Bq * D, k_size = keys_in_place ? 0 : round_up(Bk, NR) * D, v_size = values_in_place ? 0 : Bk * dv_padded;
   const Index s_size = MR * round_up(Bk, NR);
   const Index o_size = Bq * dv_padded, stats = 3 * Bq;
   const Index per_worker = q_size + k_size + v_size + s_size + o_size + stats;
@@ -411,13 +426,13 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
     for (Index k0 = 0; k0 < k_end; k0 += Bk) {
       const Index bk = std::min(Bk, k_end - k0);
       if (!keys_in_place) kernel.pack_keys(a, kh, k0, bk, kp);
+      if (!values_in_place) kernel.pack_values(a, vh, k0, bk, vp);
       // Keys read in place: the next block's runs are asked for into L2 during this block's last
       // panel's P·V tiles, a few channels before each tile (see keys_in_place).
       const Index next0 = k0 + Bk, next_bk = keys_in_place ? std::min(Bk, k_end - next0) : 0;
       const Index last_panel = (nrows - 1) / MR, pv_tiles = dv_padded / NR;
       const Index per_tile = next_bk > 0 ? (D + pv_tiles - 1) / pv_tiles : 0;
       Index next_channel = 0;
-      kernel.pack_values(a, vh, k0, bk, vp);
       for (Index p = 0; p < panels; ++p) {
         const Index* row_pos = row_info + p * MR;
         if (p * MR >= nrows) break;
@@ -459,7 +474,11 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
           if (p == last_panel)
             for (Index e = 0; e < per_tile && next_channel < D; ++e, ++next_channel)
               prefetch_run<2>(key_run(a, kh, next0, next_channel), next_bk);
-          kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, started[p] ? cols : nullptr, nullptr, cols);
+          if (values_in_place)  // channels c0… of the latent, which key_run gives (values_are_keys)
+            kernel.tile_transposed(std::min(NR, dv - c0), kn, s, key_run(a, kh, k0, c0), a.ldk, started[p] ? cols : nullptr,
+                                   nullptr, cols);
+          else
+            kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, started[p] ? cols : nullptr, nullptr, cols);
         }
         started[p] = true;
       }

@@ -110,6 +110,12 @@ struct Avx512Kernel {
                                              const T* values, T* const* dst) {
     avx512::tile<nr, nr, Ops>(columns, kc, A, B, ldb, src, values, dst);
   }
+  /// The same with B's columns ldb apart, B(k, j) at B[j·ldb + k] (flash attention's values, read
+  /// where they lie: each channel's keys one contiguous run).
+  BD_TARGET_AVX512 static void tile_transposed(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src,
+                                               const T* values, T* const* dst) {
+    avx512::tile<nr, nr, Ops, true>(columns, kc, A, B, ldb, src, values, dst);
+  }
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
     avx512::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result);
