@@ -31,11 +31,13 @@ Eigen::MatrixXd plain_rope(Eigen::MatrixXd x, Eigen::Index heads, Eigen::Index d
 Eigen::MatrixXd plain_attention(const bd::nn::MultiHeadAttention<double>& layer, const Eigen::MatrixXd& x,
                                 const Eigen::MatrixXd& x_kv);
 
-/// max |a − b| / max |b|: the test bound for operators is relative to the output's scale.
+/// max |a − b| / max |b|: the test bound for operators is relative to the output's scale. NaN
+/// anywhere makes it NaN, which fails every bound: Eigen's default maxCoeff may skip a NaN, and a
+/// kernel that read a cache's spare rows passed a test measured that way (test_flash_attention.cpp).
 template <typename DA, typename DB>
 double max_rel(const Eigen::MatrixBase<DA>& a, const Eigen::MatrixBase<DB>& b) {
-  return (a.template cast<double>() - b.template cast<double>()).cwiseAbs().maxCoeff() /
-         b.template cast<double>().cwiseAbs().maxCoeff();
+  return (a.template cast<double>() - b.template cast<double>()).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() /
+         b.template cast<double>().cwiseAbs().template maxCoeff<Eigen::PropagateNaN>();
 }
 
 /// fp32 bound for operator outputs (the issue's): max abs error ≤ 1e-4 of the output's scale.

@@ -38,7 +38,7 @@ void check_cholesky(const Eigen::MatrixXd& Ad) {
   CHECK((L.diagonal().array() > 0).all());
   // Backward error: |A − L·Lᵀ| ≤ γ_{n+1}·|L|·|Lᵀ| (Higham, Thm 10.3).
   const double bound = 2.0 * double(n + 1) * u * (L.cwiseAbs() * L.cwiseAbs().transpose()).maxCoeff();
-  CHECK((A.template cast<double>() - L * L.transpose()).cwiseAbs().maxCoeff() <= bound);
+  CHECK((A.template cast<double>() - L * L.transpose()).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <= bound);
   // The same estimator as Eigen's LLT::rcond (rounding may steer it to another bound).
   const double ref_rcond = bd_test::reference::llt_rcond(A);
   CHECK(llt.rcond() >= 0.5 * ref_rcond);
@@ -49,7 +49,7 @@ void check_cholesky(const Eigen::MatrixXd& Ad) {
   const double kappa = bd_test::norm1(A.template cast<double>()) * bd_test::norm1(exact_inverse);
   const Eigen::Matrix<T, Eigen::Dynamic, 1> b = bd_test::gaussian(n, 1, unsigned(n) + 3).col(0).cast<T>();
   const Eigen::VectorXd want = exact_inverse * b.template cast<double>();
-  CHECK((llt.solve(b).template cast<double>() - want).cwiseAbs().maxCoeff() <=
+  CHECK((llt.solve(b).template cast<double>() - want).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <=
         4.0 * std::sqrt(double(n)) * u * kappa * want.cwiseAbs().maxCoeff());
   Dense<T> inv;
   llt.inverse_into(inv);
@@ -96,7 +96,7 @@ TEST_CASE("semidefinite factor: F·Fᵀ = A with as many columns as A's rank", "
       CHECK(F.rows() == n);
       CHECK(F.cols() == k);
       const double scale = std::max(1.0, A.cwiseAbs().maxCoeff());
-      CHECK((F * F.transpose() - A).cwiseAbs().maxCoeff() <= 20.0 * double(n) * 1.1e-16 * scale);
+      CHECK((F * F.transpose() - A).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <= 20.0 * double(n) * 1.1e-16 * scale);
     }
   }
 }
@@ -117,7 +117,7 @@ TEST_CASE("Householder range: orthonormal Q spanning A where κ(A) defeats the C
         CHECK(bd::kernel::householder_range(A, Q) == n);
         REQUIRE(Q.rows() == m);
         REQUIRE(Q.cols() == n);
-        CHECK((Q.transpose() * Q - Eigen::MatrixXd::Identity(n, n)).cwiseAbs().maxCoeff() <= 10.0 * double(m) * u);
+        CHECK((Q.transpose() * Q - Eigen::MatrixXd::Identity(n, n)).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <= 10.0 * double(m) * u);
         // range(Q) = range(A): A is its own projection onto range(Q), column by column.
         CHECK((A - Q * (Q.transpose() * A)).norm() <= 10.0 * double(m) * u * A.norm());
       }

@@ -90,7 +90,7 @@ std::pair<MatrixXd, double> attend(const Shape& s, unsigned seed, int threads) {
                 Kr.topRows(s.Lk).template cast<double>(), V.topRows(s.Lk).template cast<double>(), double(T(scale)));
   const MatrixXd got = O.template cast<double>();
   // PropagateNaN: Eigen's default maximum may skip a NaN, and a read of the NaN spare rows must show.
-  return {got, (got - expected).cwiseAbs().maxCoeff<Eigen::PropagateNaN>() / expected.cwiseAbs().maxCoeff()};
+  return {got, (got - expected).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() / expected.cwiseAbs().maxCoeff()};
 }
 
 /// Seeded float inputs of shape s and the call that reads them (scale 0.2, causal from s.first),
@@ -230,7 +230,7 @@ TEST_CASE("flash attention streamed over key blocks in several calls equals one 
       k0 += n;
     }
     bd::kernel::flash_attention_finish(a);
-    const double err = (streamed - whole).cwiseAbs().maxCoeff<Eigen::PropagateNaN>() / whole.cwiseAbs().maxCoeff();
+    const double err = (streamed - whole).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() / whole.cwiseAbs().maxCoeff();
     INFO(s.Lq << " queries, streamed against one call: " << err);
     CHECK(err <= 1e-6);
     }

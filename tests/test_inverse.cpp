@@ -26,7 +26,7 @@ TEST_CASE("inverse from an LU and from a Cholesky factor, on the kernel", "[kern
       const Eigen::PartialPivLU<Eigen::MatrixXd> lu(A);
       const Eigen::MatrixXd inv = bd::kernel::inverse(lu);
       bd_test::check_inverse(A, inv, kDouble);
-      CHECK((inv - lu.inverse()).cwiseAbs().maxCoeff() <= 1e-9 * inv.cwiseAbs().maxCoeff());
+      CHECK((inv - lu.inverse()).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <= 1e-9 * inv.cwiseAbs().maxCoeff());
 
       const Eigen::MatrixXd S = A * A.transpose() + double(n) * Eigen::MatrixXd::Identity(n, n);
       const Eigen::LLT<Eigen::MatrixXd> llt(S);

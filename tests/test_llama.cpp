@@ -59,7 +59,7 @@ double error_ratio(bd::Basis basis) {
 TEST_CASE("dense fp32 forward reproduces the reference logits to 1e-4", "[real-model][llama]") {
   const Reference& r = reference();
   REQUIRE(r.tokens.size() == 64);
-  CHECK((r.exact - r.logits).cwiseAbs().maxCoeff() <= 1e-4);
+  CHECK((r.exact - r.logits).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <= 1e-4);
   // The reference's own perplexity (float64) to fp32 accuracy.
   CHECK(bd::nn::perplexity(r.exact, r.tokens) == Approx(std::stod(r.metadata.at("perplexity"))).epsilon(1e-5));
 }
@@ -129,5 +129,5 @@ TEST_CASE("LLaMA attention decodes token by token as it runs in one pass", "[rea
   bd::nn::KVCache<float> cache;
   Eigen::MatrixXf stepped(9, 64);
   for (Eigen::Index i = 0; i < 9; ++i) stepped.row(i) = bda.decode(x.row(i), cache);
-  CHECK((stepped - full).cwiseAbs().maxCoeff() <= 1e-5 * full.cwiseAbs().maxCoeff());
+  CHECK((stepped - full).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <= 1e-5 * full.cwiseAbs().maxCoeff());
 }

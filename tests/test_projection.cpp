@@ -33,7 +33,7 @@ Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic> check(Eigen::Index L, Eigen::In
   INFO("L " << L << ", d_in " << d_in << ", d " << d << ", heads " << heads << ", offset " << idx.offset << ", shared "
             << idx.shared << ", blocking " << blocking.mc << "x" << blocking.kc << "x" << blocking.nc);
   const double bound = std::is_same_v<A, float> ? kBound : 1e-13;  // the same argument with double's u
-  CHECK(double((fused - reference).cwiseAbs().maxCoeff()) <= bound * double(reference.cwiseAbs().maxCoeff()));
+  CHECK(double((fused - reference).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>()) <= bound * double(reference.cwiseAbs().maxCoeff()));
   return fused;
 }
 
@@ -148,7 +148,7 @@ TEST_CASE("per-head inputs and the adjoint: absorbed decoding's two products aga
       for (Eigen::Index h = 0; h < heads; ++h) {
         const Eigen::MatrixXd z_h = z.middleCols(h * d_in, d_in);
         const Eigen::MatrixXd alone = bd::nn::bd_project_reference<double>(z_h, idx, C).middleCols(h * d, d);
-        CHECK((out.middleCols(h * d, d) - alone).cwiseAbs().maxCoeff() <= 1e-13 * alone.cwiseAbs().maxCoeff());
+        CHECK((out.middleCols(h * d, d) - alone).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <= 1e-13 * alone.cwiseAbs().maxCoeff());
       }
       for (const Eigen::Index n_q : {heads, 2 * heads}) {  // one query head per head of C, or two
         const Eigen::MatrixXd q = bd_test::gaussian(L, n_q * d, 13);
@@ -160,7 +160,7 @@ TEST_CASE("per-head inputs and the adjoint: absorbed decoding's two products aga
           const Eigen::Index k = h / (n_q / heads);
           const Eigen::MatrixXd lhs = adj.middleCols(h * d_in, d_in) * y.transpose();
           const Eigen::MatrixXd rhs = q.middleCols(h * d, d) * projected.middleCols(k * d, d).transpose();
-          CHECK((lhs - rhs).cwiseAbs().maxCoeff() <= 1e-12 * rhs.cwiseAbs().maxCoeff());
+          CHECK((lhs - rhs).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <= 1e-12 * rhs.cwiseAbs().maxCoeff());
         }
       }
       BD_CHECK_THROWS_CONTAINING(bd::nn::bd_project_heads_into<double>(z.leftCols(d_in), idx, C, out), bd::ShapeError,

@@ -33,7 +33,7 @@ void check_factorization(const Dense<T>& A) {
   for (Eigen::Index i = 0; i < n; ++i) PA.row(i) = A.row(lu.permutation()[static_cast<std::size_t>(i)]).template cast<double>();
   // Backward error of Gaussian elimination: |PA − LU| ≤ γ_n·|L|·|U| (Higham, Thm 9.3).
   const double bound = 2.0 * double(n) * u * (L.cwiseAbs() * U.cwiseAbs()).maxCoeff();
-  CHECK((PA - L * U).cwiseAbs().maxCoeff() <= bound);
+  CHECK((PA - L * U).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() <= bound);
   // Partial pivoting: every multiplier at most one (formed as a·(1/pivot): one more rounding).
   CHECK(L.cwiseAbs().maxCoeff() <= 1.0 + 4 * u);
 
@@ -47,7 +47,7 @@ void check_factorization(const Dense<T>& A) {
   REQUIRE(solve_bound < 0.05);
   const Dense<T> B = bd_test::gaussian(n, 3, unsigned(n) + 11).cast<T>();
   const auto solve_error = [&](const Dense<T>& got, const Eigen::MatrixXd& want) {
-    return (got.template cast<double>() - want).cwiseAbs().maxCoeff() / want.cwiseAbs().maxCoeff();
+    return (got.template cast<double>() - want).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() / want.cwiseAbs().maxCoeff();
   };
   CHECK(solve_error(lu.solve(B), bd_test::reference::solve(Ad, B.template cast<double>())) <= solve_bound);
   CHECK(solve_error(lu.solve_transposed(B), bd_test::reference::solve(Ad.transpose(), B.template cast<double>())) <= solve_bound);
@@ -78,7 +78,7 @@ TEST_CASE("SmallLU: storage is reused across sizes and a singular matrix reads a
       const Eigen::MatrixXf A = bd_test::gaussian(n, n, unsigned(n)).cast<float>();
       lu.compute(A);
       CHECK(lu.size() == n);
-      CHECK((lu.solve(A) - Eigen::MatrixXf::Identity(n, n)).cwiseAbs().maxCoeff() < 1e-2f);
+      CHECK((lu.solve(A) - Eigen::MatrixXf::Identity(n, n)).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() < 1e-2f);
     }
     Eigen::MatrixXf S = bd_test::gaussian(40, 40, 5).cast<float>();
     S.col(7).setZero();  // an exactly singular matrix: a zero pivot, rcond 0

@@ -53,8 +53,8 @@ protected:
   /// At least `rows`, rounded so that a column (a channel's tokens, what the attention reads as
   /// one run) is an odd number of cache lines. The columns lie `capacity` apart, and the kernels
   /// read one block of keys across all of them; at the power-of-two capacities that doubling
-  /// from one token reaches, every column's run fell in the same cache set and the block missed
-  /// L1 and L2 on every line: absorbed MLA's attention over a 16k latent (DeepSeek-V3's shape,
+  /// from one token reaches, every column's run fell in the same cache set of L1 and of L2, and a
+  /// block's lines evicted each other there: absorbed MLA's attention over a 16k latent (DeepSeek-V3's shape,
   /// 2-core Zen 5, AVX-512) ran 1.15× slower 16384 rows apart than 16400 apart (1025 lines; six
   /// alternated pairs, docs/benchmarks.md).
   static Index padded(Index rows) {
