@@ -5,6 +5,7 @@
 // run's best GEMM, gemm/bd_kernel), so that a layer's rate says how far from the machine it is.
 #include <benchmark/benchmark.h>
 
+#include <bd/kernel/context.hpp>
 #include <bd/kernel/dispatch.hpp>
 
 #include <string>
@@ -21,6 +22,7 @@ using bd::Index;
 template <typename Kernel>
 double tiles(Index calls) {
   constexpr Index MR = Kernel::mr, NR = Kernel::nr, kc = 128;
+  const Index prefetch = bd::kernel::active_context().tuning.tile_prefetch;
   double flops = 0;
 #ifdef _OPENMP
 #pragma omp parallel reduction(+ : flops)
@@ -32,7 +34,7 @@ double tiles(Index calls) {
     float* dst[NR];
     for (Index j = 0; j < NR; ++j) dst[j] = out.data() + j * MR;
     for (Index call = 0; call < calls; ++call) {
-      Kernel::tile(NR, kc, A.data(), B.data(), nullptr, nullptr, dst);
+      Kernel::tile(NR, kc, A.data(), B.data(), NR, nullptr, nullptr, dst, prefetch);
       benchmark::DoNotOptimize(out.data());
     }
     flops += 2.0 * double(MR * NR * kc) * double(calls);

@@ -201,11 +201,13 @@ TEST_CASE("gemm kernel: the rows per block fill at most half of L2 and change th
         INFO("L2 " << l2 << ", depth " << depth << ": mc " << mc_f << " (float), " << mc_d << " (double)");
         CHECK(mc_f * kc_f * Index(sizeof(float)) <= l2 / 2);
         CHECK(mc_d * kc_d * Index(sizeof(double)) <= l2 / 2);
-        CHECK((mc_f > 0 && mc_f <= bd::kernel::max_row_block && mc_d > 0 && mc_d <= bd::kernel::max_row_block));
+        const Index mc_max = bd::kernel::active_context().tuning.mc;
+        CHECK((mc_f > 0 && mc_f <= mc_max && mc_d > 0 && mc_d <= mc_max));
         CHECK(mc_f <= bd::kernel::default_row_block<float>(depth, 2 * l2));
       }
     }
-    // The figures Blocking's comment gives: double at 384 channels on 512 KiB, float at 512 on 256 KiB.
+    // Half of L2 in whole tiles: double at 384 channels on 512 KiB, float at 512 on 256 KiB; the
+    // tuning's mc (144 in every row of the table) on 1 MiB.
     CHECK(bd::kernel::default_row_block<double>(384, 512L << 10) == 80);
     CHECK(bd::kernel::default_row_block<float>(512, 256L << 10) == 64);
     CHECK(bd::kernel::default_row_block<float>(384, 1L << 20) == 144);

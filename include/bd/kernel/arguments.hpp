@@ -24,22 +24,14 @@ using bd::Index;
 /// Cache blocking. mc rows of X per packed A block at most (a thread's rows are cut into equal
 /// blocks of whole micro-tiles, so no block ends in a mostly empty tile), kc of the K dimension
 /// per pass (K is split into equal passes of at most kc; a B micro-panel kc × NR stays in L1
-/// while the A block streams from L2), nc output columns per task (rounded up to NR).
-/// kc = 0 (the default) takes the depth the kernel and this CPU's L1 allow (depth_block in
-/// loop.hpp): 384 to 512. mc = 0 (the default) takes the rows whose A block (mc × kc) fills at
-/// most half of this CPU's L2, at most 144 (row_block in loop.hpp). Neither changes a result
-/// (a pass stores its accumulators and the next loads them, exactly; a row's sums do not depend
-/// on its block), only the time. mc 144 and nc 768: chosen on a 2-core Zen 4 EPYC (1 MiB L2) with
-/// both the AVX2 and the AVX-512 kernels (bench/bench_kproj.cpp): mc 96…192, nc 768 against 384
-/// or 1536 differed by less than the run-to-run noise.
-/// The most rows per A block that mc = 0 takes (row_block in loop.hpp): mc 144 measured best on
-/// a 1 MiB L2 (see Blocking).
-inline constexpr Index max_row_block = 144;
-
+/// while the A block streams from L2), nc output columns per task (rounded up to NR). A zero
+/// takes the CPU's context (context.hpp: kc from L1, mc from L2, nc from its tuning row).
+/// None changes a result: a pass stores its accumulators and the next loads them, exactly, and
+/// a row's sums do not depend on its block.
 struct Blocking {
   Index mc = 0;
   Index kc = 0;
-  Index nc = 768;
+  Index nc = 0;
 };
 
 /// Columns [first_column, first_column + width) of B and of the output that share one list of

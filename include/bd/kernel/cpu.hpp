@@ -19,7 +19,11 @@
 #include <cstdlib>
 #include <string>
 
-#include <unistd.h>  // sysconf
+#if defined(__has_include)
+#if __has_include(<unistd.h>)
+#include <unistd.h>  // sysconf: the caches' sizes
+#endif
+#endif
 
 #include "bd/base/error.hpp"
 #include "bd/base/names.hpp"
@@ -83,6 +87,30 @@ inline bool cpu_has(Isa isa) {
 #endif
 }
 
+/// Who made the CPU (cpuid's vendor string), for the tuning table (context.hpp).
+enum class Vendor { Other, AMD, Intel };
+
+/// What bd reads of a CPU to choose its kernels' tuning (context.hpp): who made it, its family
+/// and model, its caches, and its bf16 units. this_cpu() reads the machine's; tests build others.
+struct CpuDescription {
+  Vendor vendor = Vendor::Other;
+  int family = 0, model = 0;  ///< cpuid's display family and model (extended fields folded in)
+  long l1d = 32L << 10;       ///< L1 data cache of a core, bytes
+  long l2 = 512L << 10;       ///< L2 cache of a core, bytes
+  bool avx512_bf16 = false;   ///< vdpbf16ps (AVX512-BF16), with the AVX-512 state the OS saves
+  bool amx_bf16 = false;      ///< AMX tiles with bf16 (tdpbf16ps)
+
+  /// "AMD family 26 model 2 (L1d 48 KiB, L2 1024 KiB, avx512_bf16)".
+  std::string describe() const {
+    std::string out = vendor == Vendor::AMD ? "AMD" : vendor == Vendor::Intel ? "Intel" : "CPU";
+    out += " family " + std::to_string(family) + " model " + std::to_string(model) + " (L1d " +
+           std::to_string(l1d >> 10) + " KiB, L2 " + std::to_string(l2 >> 10) + " KiB";
+    if (avx512_bf16) out += ", avx512_bf16";
+    if (amx_bf16) out += ", amx_bf16";
+    return out + ")";
+  }
+};
+
 namespace detail {
 /// sysconf's size of the cache at `level` (1: L1 data, 2: L2) when the C library knows it and it
 /// lies within [low, high]; `fallback` otherwise (another C library, or a size a VM made up).
@@ -95,23 +123,54 @@ inline long cache_bytes(int level, long low, long high, long fallback) {
 #endif
   return b >= low && b <= high ? b : fallback;
 }
+
+/// This machine's description, read once: cpuid for the vendor, family, model and bf16 units;
+/// glibc's sysconf for the caches, else 32 KiB of L1 (every AVX2 and AVX-512 CPU has at least
+/// that) and 512 KiB of L2 (the smallest per-core L2 among the AVX-512 CPUs and AMD's AVX2 ones;
+/// Intel's AVX2 client cores have 256 KiB and report it).
+inline CpuDescription read_this_cpu() {
+  CpuDescription cpu;
+  cpu.l1d = cache_bytes(1, 16L << 10, 4L << 20, 32L << 10);
+  cpu.l2 = cache_bytes(2, 64L << 10, 64L << 20, 512L << 10);
+#ifdef BD_KERNEL_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    const unsigned max_leaf = a;
+    if (b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163) cpu.vendor = Vendor::AMD;         // "AuthenticAMD"
+    else if (b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e) cpu.vendor = Vendor::Intel;  // "GenuineIntel"
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+      const int base_family = int((a >> 8) & 0xF), base_model = int((a >> 4) & 0xF);
+      cpu.family = base_family == 0xF ? base_family + int((a >> 20) & 0xFF) : base_family;
+      cpu.model = base_family == 0xF || base_family == 6 ? base_model | int((a >> 16) & 0xF) << 4 : base_model;
+    }
+    if (max_leaf >= 7) {
+      __cpuid_count(7, 0, a, b, c, d);
+      const bool amx = (d >> 22) & 1 && (d >> 24) & 1;  // AMX-BF16, AMX-TILE
+      __cpuid_count(7, 1, a, b, c, d);
+      cpu.avx512_bf16 = cpu_has(Isa::AVX512) && ((a >> 5) & 1);
+      // The OS must save the tiles' state (XCR0 bits 17 and 18); a process still asks Linux for
+      // it before its first tile instruction.
+      unsigned xcr0 = 0, xcr0_high = 0;
+      if (amx) __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+      cpu.amx_bf16 = amx && (xcr0 & 0x60000) == 0x60000;
+    }
+  }
+#endif
+  return cpu;
+}
 }  // namespace detail
 
-/// The L1 data cache of the core the program runs on, in bytes (the GEMM's depth blocking,
-/// loop.hpp): glibc's sysconf where it knows it, else 32 KiB (every AVX2 and AVX-512 CPU has at
-/// least that). Read once.
-inline long l1d_bytes() {
-  static const long bytes = detail::cache_bytes(1, 16L << 10, 4L << 20, 32L << 10);
-  return bytes;
+/// This machine's description (read once).
+inline const CpuDescription& this_cpu() {
+  static const CpuDescription cpu = detail::read_this_cpu();
+  return cpu;
 }
 
-/// The L2 cache of the core the program runs on, in bytes (the GEMM's row blocking, loop.hpp):
-/// glibc's sysconf where it knows it, else 512 KiB (the smallest per-core L2 among the AVX-512
-/// CPUs and AMD's AVX2 ones; Intel's AVX2 client cores have 256 KiB and report it). Read once.
-inline long l2_bytes() {
-  static const long bytes = detail::cache_bytes(2, 64L << 10, 64L << 20, 512L << 10);
-  return bytes;
-}
+/// The L1 data cache of the core the program runs on, in bytes.
+inline long l1d_bytes() { return this_cpu().l1d; }
+
+/// The L2 cache of the core the program runs on, in bytes.
+inline long l2_bytes() { return this_cpu().l2; }
 
 /// The widest instruction set this CPU runs.
 inline Isa best_isa() {

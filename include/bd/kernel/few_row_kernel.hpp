@@ -15,12 +15,16 @@ namespace bd::kernel::detail {
 template <typename T>
 struct FewRowKernel {
   Index lanes = 1;  // softmax_row takes whole vectors of this many scores
+  /// `ahead`: values K's runs are asked for before they are read (Tuning::stream_prefetch)
   void (*column_scores)(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
-                        bool start) = nullptr;
+                        bool start, Index ahead) = nullptr;
   void (*softmax_row)(T* s, Index n, T* m, T* l, T* alpha) = nullptr;
-  void (*dot_rows)(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) = nullptr;
-  /// dot_rows for rows stored one after the other (the skinny GEMM: decoding's projections).
-  void (*dot_columns)(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) = nullptr;
+  void (*dot_rows)(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result,
+                   Index ahead) = nullptr;
+  /// dot_rows for rows stored one after the other (the skinny GEMM: decoding's projections); one
+  /// row deeper than `row_walk` bytes is read four columns per load (Tuning::row_walk).
+  void (*dot_columns)(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
+                      Index row_walk) = nullptr;
 };
 
 template <typename Kernel, typename T>

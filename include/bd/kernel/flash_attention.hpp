@@ -4,8 +4,8 @@
 //   for each task (a key/value head group, a block of its query rows)      in parallel
 //     pack the rows' queries, scaled, [q | q_rope]                          MR-row panels
 //     for each block of keys the rows can see (causal blocks skipped)
-//       pack [k | k_rope] as NR-key panels (AVX-512 reads them in place),  L2
-//       v as NR-channel panels (AVX-512 reads absorbed MLA's, the latent, in place)
+//       pack [k | k_rope] as NR-key panels (or read them in place: context.hpp), L2
+//       v as NR-channel panels (or read the latent in place: absorbed MLA)
 //       per MR-row panel:  S = Q·Kᵀ  (tile, written key-major: the packed A of P·V)
 //                          mask the causal diagonal, online softmax step (softmax_panel)
 //                          O ← α·O + P·V  (scale_panel, tile with O as its start)
@@ -40,6 +40,7 @@
 
 #include "bd/base/workspace.hpp"
 #include "bd/kernel/arguments.hpp"
+#include "bd/kernel/context.hpp"
 #include "bd/kernel/cpu.hpp"
 #include "bd/kernel/dispatch.hpp"
 #include "bd/kernel/few_row_kernel.hpp"
@@ -79,26 +80,6 @@ struct AttentionArguments {
 
 namespace detail {
 
-/// Keys per block and query rows per task, from the core's L2 (cpu.hpp). A task packs each key
-/// block once for all of its rows, so the packing's share of the work falls as 1 / rows: at the
-/// 64 rows of old, packing keys and values took over a quarter of a causal 1024-token prefill's
-/// attention at DeepSeek-V3's shape (Zen 5, perf), and 256 rows ran it 1.17× faster. What must
-/// stay in L2 while a block's panels are computed is the block's packed keys and values — within
-/// a quarter of L2 (at most 256 KiB), whole NR panels of every kernel (12, 6, 4) — and the task's
-/// packed queries and output accumulators, D + d_v values a row, within half of it: 256 rows (at
-/// most) with a 1 MiB L2, about 200 with 512 KiB (Zen 3) at that shape. Neither changes a row's
-/// sums with the threads: the row block does not change them at all (a row's panels and key
-/// blocks are the same), the key block only with the L2.
-inline Index flash_key_block(Index depth, Index d_v, std::size_t bytes) {
-  const long budget = std::min<long>(256L << 10, l2_bytes() / 4);
-  const Index fit = Index(budget / long(bytes)) / std::max<Index>(1, depth + d_v);
-  return std::clamp<Index>(fit / 12 * 12, 12, 384);
-}
-inline Index flash_row_block(Index mr, Index depth, Index d_v, std::size_t bytes) {
-  const Index fit = Index(l2_bytes() / 2 / long(bytes)) / std::max<Index>(1, depth + d_v);
-  return std::clamp<Index>(fit / mr * mr, round_up(64, mr), round_up(256, mr));
-}
-
 /// A thread's attention scratch, kept in its Workspace: every worker's packed blocks, scores,
 /// accumulators and row statistics in one array, the rows' positions in another. Decoding calls
 /// the attention once per token; with the scratch kept, a token allocates nothing here.
@@ -131,16 +112,8 @@ Index key_chunks(const AttentionArguments<T>& a, Index rows) {
   return std::min(flash_max_chunks(), (a.k_len + flash_chunk_keys() - 1) / flash_chunk_keys());
 }
 
-/// How many channels ahead of the one it copies a key or value pack asks for its run: a block is
-/// one short run per channel, far apart (K and V lie channel by channel), which the hardware
-/// prefetcher does not follow, so unasked each run waited on memory. A scratch program packing
-/// absorbed MLA's 16k-key latent block by block from memory (2-core Zen 5, one thread): 5.0–5.2 ms
-/// unasked, 2.7 ms asking 8 channels ahead, 1.7–2.2 ms at 32 — the time one thread takes to read
-/// the latent sequentially — and 2.2–2.4 ms at 64; into L2 rather than L1, 3.5–4.4 ms at 16.
-constexpr Index pack_prefetch_channels = 32;
-
-/// Asks for the run of bk values at `run` to be brought into L1 (Locality 3: see
-/// pack_prefetch_channels), or into L2 only (2: flash_attention_on's next key block).
+/// Asks for the run of bk values at `run` to be brought into L1 (Locality 3: a pack's runs
+/// ahead, see pack_key_panels), or into L2 only (2: flash_attention_on's next key block).
 template <int Locality = 3, typename T>
 void prefetch_run(const T* run, Index bk) {
   for (Index k = 0; k < bk; k += Index(64 / sizeof(T))) __builtin_prefetch(run + k, 0, Locality);
@@ -157,14 +130,16 @@ const T* key_run(const AttentionArguments<T>& a, Index kh, Index k0, Index c) {
 /// A key block's keys as NR-key panels, k-major: kp[j0·D + c·NR + j] = [k | k_rope](k0 + j0 + j, c),
 /// zero past bk. Channel by channel, so each of K's columns is read in one run of bk keys (D
 /// concurrent strided streams, one per channel, defeat the prefetcher: 3–5× slower when K comes
-/// from memory), each run asked for pack_prefetch_channels channels before it is copied.
+/// from memory). A block is one short run per channel, far apart, which the hardware prefetcher
+/// does not follow: each run is asked for `ahead` channels before it is copied
+/// (Tuning::pack_prefetch).
 template <Index NR, typename T>
-void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp) {
+void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index ahead) {
   const Index D = a.d_qk + a.d_rope;
   const auto run = [&](Index c) { return key_run(a, kh, k0, c); };
   for (Index c = 0; c < D; ++c) {
     const T* from = run(c);
-    if (c + pack_prefetch_channels < D) prefetch_run(run(c + pack_prefetch_channels), bk);
+    if (ahead && c + ahead < D) prefetch_run(run(c + ahead), bk);
     for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
       const Index nj = std::min(NR, bk - j0);
       T* to = kp + j0 * D + c * NR;
@@ -179,14 +154,15 @@ void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index b
 }
 
 /// A key block's values as NR-channel panels, k-major: vp[c0·bk + k·NR + j] = v(k0 + k, c0 + j),
-/// zero past d_v; each channel's run asked for pack_prefetch_channels channels ahead.
+/// zero past d_v; each channel's run asked for `ahead` channels before it is copied.
 template <Index NR, typename T>
-void pack_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp) {
+void pack_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index ahead) {
   const Index dv = a.d_v;
   for (Index c0 = 0; c0 < round_up(dv, NR); c0 += NR) {
     const Index nc = std::min(NR, dv - c0);
     const auto column = [&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; };
-    for (Index j = pack_prefetch_channels; j < pack_prefetch_channels + nc && c0 + j < dv; ++j) prefetch_run(column(j), bk);
+    if (ahead)
+      for (Index j = ahead; j < ahead + nc && c0 + j < dv; ++j) prefetch_run(column(j), bk);
     T* panel = vp + c0 * bk;
     Index j = transpose_runs<NR, T, T>(column, nc, bk, panel);
     for (; j < NR; ++j) {
@@ -200,34 +176,25 @@ void pack_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index
   }
 }
 
-/// What the tiled path (flash_attention_on) needs of a micro-kernel: its tile shape, tile(), the
-/// softmax step and rescaling of an MR-row panel, and the packing of keys and values, compiled
-/// for its NR. The loop is the same for every instruction set, so it is compiled once per scalar
-/// type and calls these through pointers (one indirect call per NR keys or channels of an MR-row
-/// panel, each over the whole depth) — as the packed GEMM's PackedKernel (loop.hpp) and the
-/// few-row paths' FewRowKernel (few_row_kernel.hpp).
+/// What the tiled path (flash_attention_on) needs of a micro-kernel: its tile shape, its tiles
+/// (B packed, or read in place: its rows or its columns a stride apart), the softmax step and
+/// rescaling of an MR-row panel, and the packing of keys and values, compiled for its NR. The
+/// loop is the same for every instruction set, so it is compiled once per scalar type and calls
+/// these through pointers (one indirect call per NR keys or channels of an MR-row panel, each over
+/// the whole depth) — as the packed GEMM's PackedKernel (loop.hpp) and the few-row paths'
+/// FewRowKernel (few_row_kernel.hpp). Which operands are read in place is the context's choice.
 template <typename T>
 struct FlashTileKernel {
   Index mr = 0, nr = 0;
-  void (*tile)(Index columns, Index kc, const T* A, const T* B, const T* const* src, const T* values, T* const* dst) = nullptr;
-  /// tile with B read in place, its rows ldb apart; null where the kernel packs keys (see keys_in_place)
-  void (*tile_strided)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
-                       T* const* dst) = nullptr;
-  /// tile with B read in place, its columns ldb apart; null where the kernel packs values (see keys_in_place)
+  void (*tile)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values, T* const* dst,
+               Index prefetch) = nullptr;
   void (*tile_transposed)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
-                          T* const* dst) = nullptr;
+                          T* const* dst, Index prefetch) = nullptr;
   void (*softmax_panel)(T* s, Index n, T* m, T* l, T* alpha) = nullptr;
   void (*scale_panel)(T* o, Index columns, const T* alpha) = nullptr;
-  void (*pack_keys)(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp) = nullptr;
-  void (*pack_values)(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp) = nullptr;
+  void (*pack_keys)(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index ahead) = nullptr;
+  void (*pack_values)(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index ahead) = nullptr;
 };
-
-/// Whether a kernel has tile_strided and tile_transposed (B read in place, its rows or its columns
-/// ldb apart): AVX-512's.
-template <typename Kernel, typename = void>
-struct has_strided_tile : std::false_type {};
-template <typename Kernel>
-struct has_strided_tile<Kernel, std::void_t<decltype(&Kernel::tile_strided)>> : std::true_type {};
 
 template <typename Kernel, typename T>
 FlashTileKernel<T> flash_tile_kernel() {
@@ -235,7 +202,7 @@ FlashTileKernel<T> flash_tile_kernel() {
   FlashTileKernel<T> k;
   k.mr = Kernel::mr, k.nr = Kernel::nr;
   k.tile = &Kernel::tile;
-  if constexpr (has_strided_tile<Kernel>::value) k.tile_strided = &Kernel::tile_strided, k.tile_transposed = &Kernel::tile_transposed;
+  k.tile_transposed = &Kernel::tile_transposed;
   k.softmax_panel = &Kernel::softmax_panel;
   k.scale_panel = &Kernel::scale_panel;
   k.pack_keys = &pack_key_panels<Kernel::nr, T>;
@@ -243,43 +210,38 @@ FlashTileKernel<T> flash_tile_kernel() {
   return k;
 }
 
-/// The most MR-row panels a task has: Bq ≤ 256 rows rounded up to MR (flash_row_block), MR ≥ 2.
+/// The most MR-row panels a task has: Bq ≤ 256 rows rounded up to MR (Context::query_block), MR ≥ 2.
 constexpr Index max_flash_panels = 129;
 
 template <typename T>
-void flash_attention_on(const AttentionArguments<T>& whole, int threads, const FlashTileKernel<T>& kernel, FlashScratch<T>& scratch) {
+void flash_attention_on(const AttentionArguments<T>& whole, int threads, const FlashTileKernel<T>& kernel, const Context& context,
+                        FlashScratch<T>& scratch) {
   const Index MR = kernel.mr, NR = kernel.nr;
   const Index groups = std::lcm(whole.n_k, whole.n_v), group = whole.n_q / groups;  // heads sharing a key and a value head
   const Index rows = group * whole.q_len, D = whole.d_qk + whole.d_rope, dv = whole.d_v;
   const Index chunks = key_chunks(whole, rows);
   // Split keys: a task takes all of its group's rows, so each key is packed once (key_chunks).
-  const Index Bk = flash_key_block(D, dv, sizeof(T)), dv_padded = round_up(dv, NR);
-  const Index Bq = chunks > 1 ? round_up(rows, MR) : flash_row_block(MR, D, dv_padded, sizeof(T));
+  const Index Bk = context.key_block(D, dv, sizeof(T)), dv_padded = round_up(dv, NR);
+  const Index Bq = chunks > 1 ? round_up(rows, MR) : context.query_block(MR, D, dv_padded, sizeof(T));
+  const Index prefetch = context.tuning.tile_prefetch, pack_ahead = context.tuning.pack_prefetch;
   const Index row_blocks = (rows + Bq - 1) / Bq, tasks = groups * row_blocks;
   const Index panels = Bq / MR;
   assert(panels <= max_flash_panels);
-  // Keys read in place where the kernel has a tile for it (AVX-512): a score tile's B panel is NR
+  // Keys read in place (the context's choice: Tuning::keys_in_place): a score tile's B panel is NR
   // keys of each of D channels, which lie contiguous in K's columns, so the tile reads them there,
-  // ldk apart, instead of from a packed copy; the next block's runs are brought into L2 during
-  // this block's last panel. Packing a block read 576 runs 64 KiB apart from memory, one after
-  // another, with nothing to overlap: 14 % of an absorbed MLA token's samples at DeepSeek-V3's
-  // shape, 16k context (2-core Zen 5). In place, the same FMAs in the same order (the RoPE
-  // channels continue from the stored accumulators: the same bits): that token 40.6 → 35.2 ms,
-  // the 64-token chunked prefill at 16k 1.36 → 1.14 s (docs/benchmarks.md, 2026-12-06). The
-  // AVX2 tile (16 rows, 6 keys) reads each key's line for half as many FMAs and twice as many
-  // panels; in place it ran level or slower there (52.9 → 53.7 ms), so it packs.
-  const bool keys_in_place = kernel.tile_strided != nullptr;
+  // ldk apart, instead of from a packed copy, and the next block's runs are brought into L2 during
+  // this block's last panel. Packing a block reads D runs far apart from memory, one after another,
+  // with nothing to overlap. In place, the same FMAs in the same order (the RoPE channels continue
+  // from the stored accumulators): the same bits.
+  const bool keys_in_place = context.keys_in_place();
   // Values that are the keys' first channels — absorbed MLA, where the latent is both — are read
-  // in place too: the block's score tiles have just brought its lines into L2, and P·V reads them
-  // there (tile_transposed: a tile's NR channels are NR runs of the block's keys) instead of
-  // copying them into NR-channel panels first. The packing had been an eighth of the absorbed
-  // token's attention; in place the attention over a 16k latent at DeepSeek-V3's shape ran 1.08×
-  // faster (17.7 → 16.4 ms, 2-core Zen 5, eight alternated pairs), the same FMAs in the same
-  // order (docs/benchmarks.md, 2026-12-06). Other values keep their panels: a 64-token chunk against a 16k per-head cache,
-  // read from memory, ran 8 % slower with them in place (the packing asks for each run ahead).
+  // in place too (Tuning::values_in_place): the block's score tiles have just brought its lines into
+  // L2, and P·V reads them there (tile_transposed: a tile's NR channels are NR runs of the block's
+  // keys) instead of copying them into NR-channel panels first. Other values keep their panels:
+  // from memory, their packing's prefetch ahead of each run is what keeps P·V fed.
   const bool values_are_keys = whole.v == whole.k && whole.ldv == whole.ldk && whole.d_v <= whole.d_qk &&
                                whole.n_k == whole.n_v && (whole.n_k == 1 || whole.d_v == whole.d_qk);
-  const bool values_in_place = keys_in_place && kernel.tile_transposed != nullptr && values_are_keys;
+  const bool values_in_place = context.values_in_place() && values_are_keys;
   // Per worker: packed queries, keys (unless read in place) and values of one
   // block, one panel's scores (used up before the next panel's), output accumulators, and the
   // rows' running max, sum, rescaling factor and position.
@@ -425,8 +387,8 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
 
     for (Index k0 = 0; k0 < k_end; k0 += Bk) {
       const Index bk = std::min(Bk, k_end - k0);
-      if (!keys_in_place) kernel.pack_keys(a, kh, k0, bk, kp);
-      if (!values_in_place) kernel.pack_values(a, vh, k0, bk, vp);
+      if (!keys_in_place) kernel.pack_keys(a, kh, k0, bk, kp, pack_ahead);
+      if (!values_in_place) kernel.pack_values(a, vh, k0, bk, vp, pack_ahead);
       // Keys read in place: the next block's runs are asked for into L2 during this block's last
       // panel's P·V tiles, a few channels before each tile (see keys_in_place).
       const Index next0 = k0 + Bk, next_bk = keys_in_place ? std::min(Bk, k_end - next0) : 0;
@@ -452,13 +414,13 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
           for (Index j = 0; j < NR; ++j) dst[j] = s + (j0 + j) * MR;
           const Index nj = std::min(NR, bk - j0);
           if (!keys_in_place) {
-            kernel.tile(nj, D, queries + p * MR * D, kp + j0 * D, nullptr, nullptr, dst);
+            kernel.tile(nj, D, queries + p * MR * D, kp + j0 * D, NR, nullptr, nullptr, dst, prefetch);
           } else {  // k, then k_rope continuing from the stored sums
             const T* const* stored = dst;
-            kernel.tile_strided(nj, a.d_qk, queries + p * MR * D, key_run(a, kh, k0 + j0, 0), a.ldk, nullptr, nullptr, dst);
+            kernel.tile(nj, a.d_qk, queries + p * MR * D, key_run(a, kh, k0 + j0, 0), a.ldk, nullptr, nullptr, dst, prefetch);
             if (a.d_rope)
-              kernel.tile_strided(nj, a.d_rope, queries + p * MR * D + a.d_qk * MR, key_run(a, kh, k0 + j0, a.d_qk), a.ldkr,
-                                  stored, nullptr, dst);
+              kernel.tile(nj, a.d_rope, queries + p * MR * D + a.d_qk * MR, key_run(a, kh, k0 + j0, a.d_qk), a.ldkr, stored,
+                          nullptr, dst, prefetch);
           }
         }
         if (lowest < key0 + kn - 1)  // the causal diagonal crosses this block: mask keys after each row
@@ -476,9 +438,9 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
               prefetch_run<2>(key_run(a, kh, next0, next_channel), next_bk);
           if (values_in_place)  // channels c0… of the latent, which key_run gives (values_are_keys)
             kernel.tile_transposed(std::min(NR, dv - c0), kn, s, key_run(a, kh, k0, c0), a.ldk, started[p] ? cols : nullptr,
-                                   nullptr, cols);
+                                   nullptr, cols, prefetch);
           else
-            kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, started[p] ? cols : nullptr, nullptr, cols);
+            kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, NR, started[p] ? cols : nullptr, nullptr, cols, prefetch);
         }
         started[p] = true;
       }
@@ -566,12 +528,15 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
 /// step on each row's contiguous scores, and P·V as one dot product per value channel (dot_rows).
 /// Decoding is bound by reading the cache, and this reads it once, in order.
 template <typename T>
-void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const FewRowKernel<T>& kernel, FlashScratch<T>& scratch) {
+void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const FewRowKernel<T>& kernel, const Context& context,
+                              FlashScratch<T>& scratch) {
   const Index groups = std::lcm(a.n_k, a.n_v), group = a.n_q / groups, rows = group * a.q_len;
   const Index D = a.d_qk + a.d_rope, dv = a.d_v;
-  // Keys per block: 4096 when one sweep serves all rows (each of K's and V's columns is then read
-  // in runs of 16 KiB: 2048 measured 7 % slower at 16k context on Zen 5, 8192 no faster); with
-  // more than four rows K is swept once per four, so the block's keys stay within 256 KiB (L2).
+  const Index ahead = context.tuning.stream_prefetch / Index(sizeof(T));
+  // Keys per block: 4096 when one sweep serves all rows (each of K's and V's columns then read in
+  // runs of 16 KiB); with more than four rows K is swept once per four, so the block's keys stay
+  // within 256 KiB (L2). Not tuning: the block sets where the online softmax rescales, which bd
+  // keeps the same on every CPU for a shape.
   const Index Bk = rows <= 4 ? 4096 : std::clamp<Index>(Index(256 * 1024 / sizeof(T)) / std::max<Index>(1, D) / 16 * 16, 16, 1024);
   // Per worker: the rows' queries (qp[c·rows + r]), their scores (rows of Bk, padded to whole
   // vectors with −∞), output accumulators, each row's max, sum, rescaling and position, dot results.
@@ -624,9 +589,10 @@ void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const
       const T* k = a.k + kh * a.d_qk * a.ldk + k0;
       for (Index r0 = 0; r0 < rows; r0 += 4) {
         const Index count = std::min<Index>(4, rows - r0);
-        kernel.column_scores(count, bk, a.d_qk, k, a.ldk, qp + r0, rows, sp + r0 * ld, ld, true);
+        kernel.column_scores(count, bk, a.d_qk, k, a.ldk, qp + r0, rows, sp + r0 * ld, ld, true, ahead);
         if (a.d_rope > 0)
-          kernel.column_scores(count, bk, a.d_rope, a.kr + k0, a.ldkr, qp + a.d_qk * rows + r0, rows, sp + r0 * ld, ld, false);
+          kernel.column_scores(count, bk, a.d_rope, a.kr + k0, a.ldkr, qp + a.d_qk * rows + r0, rows, sp + r0 * ld, ld, false,
+                               ahead);
       }
       const Index key0 = a.first_key_position + k0;
       for (Index r = 0; r < rows; ++r) {
@@ -641,7 +607,7 @@ void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const
       const T* v = a.v + vh * dv * a.ldv + k0;
       for (Index r0 = 0; r0 < rows; r0 += 4) {
         const Index count = std::min<Index>(4, rows - r0);
-        kernel.dot_rows(count, sp + r0 * ld, ld, bk, v, a.ldv, dv, dots);
+        kernel.dot_rows(count, sp + r0 * ld, ld, bk, v, a.ldv, dv, dots, ahead);
         for (Index i = 0; i < count; ++i)
           for (Index c = 0; c < dv; ++c) op[(r0 + i) * dv + c] += dots[c * 4 + i];
       }
@@ -691,11 +657,12 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0, Workspace&
 #endif
   detail::FlashScratch<T>& scratch = ws.local<detail::FlashScratch<T>>();
   const Index rows = a.n_q / std::lcm(a.n_k, a.n_v) * a.q_len;  // per key/value head
+  const Context& context = active_context();
   if (rows <= detail::few_rows_limit())
     return detail::flash_attention_few_rows(
-        a, threads, on_active_kernel<T>([](auto k) { return detail::few_row_kernel<decltype(k), T>(); }), scratch);
+        a, threads, on_active_kernel<T>([](auto k) { return detail::few_row_kernel<decltype(k), T>(); }), context, scratch);
   detail::flash_attention_on(a, threads, on_active_kernel<T>([](auto k) { return detail::flash_tile_kernel<decltype(k), T>(); }),
-                             scratch);
+                             context, scratch);
 }
 
 /// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.

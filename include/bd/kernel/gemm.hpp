@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "bd/kernel/arguments.hpp"
+#include "bd/kernel/context.hpp"
 #include "bd/kernel/cpu.hpp"
 #include "bd/kernel/dispatch.hpp"
 #include "bd/kernel/loop.hpp"
@@ -47,32 +48,36 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
 #endif
   // The skinny path (skinny.hpp) for a few rows of a column-major X, compiled only where
   // FewRows asks for it; the packed one otherwise (loop.hpp). Each loop once per scalar type.
+  const Context& context = active_context();
   if constexpr (FewRows) {
     if (a.rows <= skinny_rows && !a.x_row_major)
-      return gemm_skinny(a, threads, on_active_kernel<T>([](auto k) { return few_row_kernel<decltype(k), T>(); }),
+      return gemm_skinny(a, threads, on_active_kernel<T>([](auto k) { return few_row_kernel<decltype(k), T>(); }), context,
                          ws.local<SkinnyScratch<T>>());
   }
   const PackedKernel<T, S> kernel = on_active_kernel<T>([](auto k) { return packed_kernel<decltype(k), T, S>(); });
-  gemm_packed(a, total, blk, threads, kernel, ws);
+  gemm_packed(a, total, blk, threads, kernel, context, ws);
 }
 }  // namespace detail
 
 /// The most channels per pass that Blocking{}'s kc = 0 takes on active_isa()'s kernel for T in a
-/// product whose deepest segment has `depth` channels (0: any depth): 384…512, from this CPU's
-/// L1 (detail::depth_block).
+/// product whose deepest segment has `depth` channels (0: any depth), from this CPU's L1
+/// (Context::depth_block).
 template <typename T>
 Index default_depth(Index depth = 0) {
-  return on_active_kernel<T>([depth](auto k) { return detail::depth_block<T>(decltype(k)::nr, depth); });
+  return on_active_kernel<T>([depth](auto k) { return active_context().depth_block(decltype(k)::nr, sizeof(T), depth); });
 }
 
 /// The most rows per packed A block that Blocking{}'s mc = 0 takes on active_isa()'s kernel for
 /// T in passes of `depth` channels (0: the default depth), with an L2 of `l2` bytes (this CPU's
-/// by default): whole micro-tiles filling at most half of it, at most 144 (detail::row_block).
+/// by default): whole micro-tiles filling at most half of it, at most the tuning's mc
+/// (Context::row_block).
 template <typename T>
 Index default_row_block(Index depth = 0, long l2 = l2_bytes()) {
   return on_active_kernel<T>([depth, l2](auto k) {
     using K = decltype(k);
-    return detail::row_block<T>(K::mr, depth > 0 ? depth : detail::depth_block<T>(K::nr), l2);
+    Context context = active_context();
+    context.cpu.l2 = l2;
+    return context.row_block(K::mr, depth > 0 ? depth : context.depth_block(K::nr, sizeof(T)), sizeof(T));
   });
 }
 

@@ -13,14 +13,13 @@
 //
 // The first depth pass starts the accumulators from init(c) (BD's basis channel, a bias or 0),
 // later passes from the output itself: the output is written once per pass, never filled.
-// The loop nest is the same for every instruction set; what differs is held in a PackedKernel
-// (BLIS's context): the micro-kernel's tile shape (mr, nr), its tile() and the packing for that
-// shape, taken from PortableKernel / Avx2Kernel / Avx512Kernel<T> when the product runs. So a
-// program compiles this nest once per scalar type, not once per (instruction set, scalar type):
-// 31 KB less code in the README's example and 4 % of its compile time (docs/architecture.md,
-// "Compile time"), the products as fast (docs/benchmarks.md, 2026-11-29). Each OpenMP
-// thread owns an equal share of the columns (and of the rows when columns are few); every
-// buffer is allocated before the parallel region, so nothing inside it can throw.
+// The loop nest is the same for every instruction set; what differs is held in a PackedKernel:
+// the micro-kernel's tile shape (mr, nr), its tile() and the packing for that shape, taken from
+// PortableKernel / Avx2Kernel / Avx512Kernel<T> when the product runs, so a program compiles
+// this nest once per scalar type, not once per (instruction set, scalar type). The blocks and
+// the tile's prefetch distance come from the CPU's context (context.hpp). Each OpenMP thread
+// owns an equal share of the columns (and of the rows when columns are few); every buffer is
+// allocated before the parallel region, so nothing inside it can throw.
 #pragma once
 
 #include <algorithm>
@@ -29,7 +28,7 @@
 
 #include "bd/base/workspace.hpp"
 #include "bd/kernel/arguments.hpp"
-#include "bd/kernel/cpu.hpp"
+#include "bd/kernel/context.hpp"
 #include "bd/kernel/pack.hpp"
 
 #ifdef _OPENMP
@@ -93,7 +92,8 @@ template <typename T, typename S>
 struct PackedKernel {
   Index mr = 0, nr = 0;
   bool any_width = false;
-  void (*tile)(Index columns, Index kc, const T* A, const T* B, const T* const* src, const T* values, T* const* dst) = nullptr;
+  void (*tile)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values, T* const* dst,
+               Index prefetch) = nullptr;
   void (*pack_a)(const GemmArguments<T, S>& a, const Segment& seg, Index r0, Index m, Index k0, Index kn, T* packed) = nullptr;
   void (*pack_b)(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn, T* packed) = nullptr;
 };
@@ -128,7 +128,7 @@ void pack_block_pass(const GemmArguments<T, S>& a, const Block& block, const Blo
 /// output.
 template <typename T, typename S>
 void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, Index r0, Index r1, const Blocking& blk,
-                    const PackedKernel<T, S>& kernel, const T* packed_b, T* packed_a) {
+                    const PackedKernel<T, S>& kernel, Index prefetch, const T* packed_b, T* packed_a) {
   const Index MR = kernel.mr, NR = kernel.nr;
   // Equal row blocks of whole micro-tiles, at most blk.mc rows each (256 rows and mc = 144: two
   // blocks of 128, not 144 + 112 with a half-empty tile).
@@ -171,7 +171,7 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
             }
           }
           if (mi == MR && (nj == NR || kernel.any_width)) {
-            kernel.tile(nj, kn, packed_a + i0 * kn, panel_b, from_values ? nullptr : src, values, dst);
+            kernel.tile(nj, kn, packed_a + i0 * kn, panel_b, NR, from_values ? nullptr : src, values, dst, prefetch);
             continue;
           }
           T* local[max_tile_columns];  // zero-padded copy of the tile's start, all NR columns computed
@@ -179,7 +179,7 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
             local[j] = edge + j * MR;
             for (Index i = 0; i < MR; ++i) local[j][i] = i < mi && j < nj ? (from_values ? values[j] : src[j][i]) : T(0);
           }
-          kernel.tile(NR, kn, packed_a + i0 * kn, panel_b, local, static_cast<const T*>(nullptr), local);
+          kernel.tile(NR, kn, packed_a + i0 * kn, panel_b, NR, local, static_cast<const T*>(nullptr), local, prefetch);
           for (Index j = 0; j < nj; ++j) std::copy(local[j], local[j] + mi, dst[j]);
         }
       }
@@ -207,55 +207,19 @@ struct PackingSpace : ScratchBuffer<T> {
   }
 };
 
-/// The depth of a pass when the caller leaves it to the kernel (Blocking::kc = 0), for a product
-/// whose deepest segment has `depth` channels (0: unknown): the deepest B micro-panel (kc × NR
-/// values) that fills at most two thirds of the L1 data cache, the rest left to the A
-/// micro-panel's lines streaming through and the output tile; at least 384 (BD's key projection
-/// at DeepSeek's shape, d − d_h = 384, in one pass; 256 measured 3–10 % slower on Zen 4 with
-/// either kernel) and at most 512. Measured on a 2-core Zen 5 (48 KiB L1, 2026-11-28): a 1024 ×
-/// 512 × 16384 product in one pass of 512 instead of two of 256 ran 2.5–5 % faster on the
-/// AVX-512 kernel and level (0–2 %) on the AVX2 one; at depth 4096, 512 and 384 were level.
-/// A product no deeper than a panel filling three quarters of L1 (and 512) takes its whole depth
-/// in one pass instead of two: on a 32 KiB L1 (Zen 4, AVX-512, float: two thirds allow 448), the
-/// same product at depth 512 ran 1–7 % faster in one pass of 512 than in two of 256 (four
-/// alternated runs), while deeper products (1638, 4096) ran 2 % faster in passes of ≤ 448 than
-/// of ≤ 512 — the store and reload a second pass costs is what the larger panel saves.
-template <typename T>
-Index depth_block(Index nr, Index depth = 0) {
-  const Index panel = nr * Index(sizeof(T)), l1 = Index(l1d_bytes());
-  const Index streamed = std::clamp<Index>(l1 * 2 / 3 / panel / 8 * 8, 384, 512);
-  const Index whole = std::min<Index>(l1 * 3 / 4 / panel, 512);
-  return depth > streamed && depth <= whole ? depth : streamed;
-}
-
-/// The rows of an A block when the caller leaves them to the kernel (Blocking::mc = 0), for
-/// passes of kc channels: the most whole micro-tiles (mr rows) whose packed block mc × kc fills
-/// at most half of the L2 cache — the other half for the B block's panels as they stream past,
-/// the output tiles and the next block's rows — and at most max_row_block (144), the value
-/// measured best on a 1 MiB L2 (Blocking). Half of L2 is where BLIS's configurations put their A blocks (29–67 %).
-/// On a 1 MiB or larger L2 every kernel's block is 144 rows; on a 512 KiB L2 (Zen 2 and 3) a
-/// double product's block of 384 channels shrinks to 80 rows, which a block of 144 (432 KiB)
-/// would have pushed out of L2 with its own B panels; on a 256 KiB L2 a float block of 512
-/// channels takes 64 rows.
-template <typename T>
-Index row_block(Index mr, Index kc, long l2 = l2_bytes()) {
-  const Index fit = Index(l2 / 2) / (std::max<Index>(1, kc) * Index(sizeof(T))) / mr * mr;
-  return std::clamp<Index>(fit, mr, std::max<Index>(mr, max_row_block));
-}
-
 /// The packed GEMM on one kernel. Work is split as a grid: the columns (all segments side by
 /// side) into `column_groups` equal ranges, cut anywhere, and the rows into threads /
 /// column_groups equal ranges only when the columns are too narrow to give every thread four
 /// micro-panels. A thread packs each B block of its range once, so B is packed once in all.
 template <typename T, typename S>
 void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& asked, int threads, const PackedKernel<T, S>& kernel,
-                 Workspace& ws) {
+                 const Context& context, Workspace& ws) {
   const Index MR = kernel.mr, NR = kernel.nr;
   Blocking blk = asked;
   if (blk.kc <= 0) {
     Index deepest = 0;
     for (const auto& seg : a.segments) deepest = std::max(deepest, seg.depth);
-    blk.kc = depth_block<T>(NR, deepest);
+    blk.kc = context.depth_block(NR, sizeof(T), deepest);
   }
   Index max_kc = 1, passes = 1;
   for (const auto& seg : a.segments) {
@@ -263,7 +227,9 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
     max_kc = std::max(max_kc, kc);
     passes = std::max(passes, (seg.depth + kc - 1) / kc);
   }
-  if (blk.mc <= 0) blk.mc = row_block<T>(MR, max_kc);
+  if (blk.mc <= 0) blk.mc = context.row_block(MR, max_kc, sizeof(T));
+  if (blk.nc <= 0) blk.nc = context.tuning.nc;
+  const Index prefetch = context.tuning.tile_prefetch;
   const Index row_units = (a.rows + MR - 1) / MR;
   Index column_groups = std::max(1, threads);
   while (column_groups > 1 && (total / column_groups < 4 * NR || threads % column_groups)) --column_groups;
@@ -300,7 +266,7 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
       for (const Block& block : column_blocks[static_cast<std::size_t>(w % column_groups)]) {
         for (Index p = 0; p < passes; ++p) {
           pack_block_pass(a, block, blk, p, kernel, packed_b);
-          run_block_pass(a, block, p, r0, r1, blk, kernel, packed_b, packed_a);
+          run_block_pass(a, block, p, r0, r1, blk, kernel, prefetch, packed_b, packed_a);
         }
       }
     }

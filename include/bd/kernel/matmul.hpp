@@ -157,6 +157,7 @@ void product_small(const Operand<T>& a, const Operand<T>& b, Index rows, Index d
     }
   }
   constexpr Index run = 64;  // columns per call: the dots (4 × run values) stay on the stack
+  const Index ahead = active_context().tuning.stream_prefetch / Index(sizeof(T));
   on_active_kernel<T>([&](auto kernel) {
     using Kernel = decltype(kernel);
     T dots[4 * run];
@@ -164,7 +165,7 @@ void product_small(const Operand<T>& a, const Operand<T>& b, Index rows, Index d
       const Index n = std::min(run, cols - c0);
       for (Index i0 = 0; i0 < rows; i0 += 4) {
         const Index count = std::min<Index>(4, rows - i0);
-        Kernel::dot_rows(count, a_rows + i0 * lda, lda, depth, b_columns + c0 * ldb, ldb, n, dots);
+        Kernel::dot_rows(count, a_rows + i0 * lda, lda, depth, b_columns + c0 * ldb, ldb, n, dots, ahead);
         for (Index c = 0; c < n; ++c) {
           T* o = out + (c0 + c) * ldo + i0;
           for (Index i = 0; i < count; ++i) o[i] = accumulate ? o[i] + dots[c * 4 + i] : dots[c * 4 + i];

@@ -101,34 +101,33 @@ struct Avx512Kernel {
   static constexpr Index nr = 12;
   static constexpr bool any_width = true;
 
-  BD_TARGET_AVX512 static void tile(Index columns, Index kc, const T* A, const T* B, const T* const* src, const T* values,
-                                    T* const* dst) {
-    avx512::tile<nr, nr, Ops>(columns, kc, A, B, nr, src, values, dst);
-  }
-  /// The same with B read in place, its rows ldb apart (flash attention's keys, flash_attention.hpp).
-  BD_TARGET_AVX512 static void tile_strided(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src,
-                                             const T* values, T* const* dst) {
-    avx512::tile<nr, nr, Ops>(columns, kc, A, B, ldb, src, values, dst);
+  /// acc(MR × columns) = start; acc += A·B over kc; dst = acc (micro_kernel_simd.inc's tile_columns):
+  /// A packed, B packed (ldb = nr) or read in place, its rows ldb apart (flash attention's keys).
+  BD_TARGET_AVX512 static void tile(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
+                                  T* const* dst, Index prefetch) {
+    avx512::tile<nr, nr, Ops>(columns, kc, A, B, ldb, src, values, dst, prefetch);
   }
   /// The same with B's columns ldb apart, B(k, j) at B[j·ldb + k] (flash attention's values, read
   /// where they lie: each channel's keys one contiguous run).
   BD_TARGET_AVX512 static void tile_transposed(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src,
-                                               const T* values, T* const* dst) {
-    avx512::tile<nr, nr, Ops, true>(columns, kc, A, B, ldb, src, values, dst);
+                                             const T* values, T* const* dst, Index prefetch) {
+    avx512::tile<nr, nr, Ops, true>(columns, kc, A, B, ldb, src, values, dst, prefetch);
   }
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
-  static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
-    avx512::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result);
+  static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
+                          Index row_walk) {
+    avx512::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
   }
   /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
-  static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) {
-    avx512::dot_columns<Ops>(count, rows, ldr, depth, b, ldb, columns, result);
+  static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result,
+                       Index ahead) {
+    avx512::dot_columns<Ops>(count, rows, ldr, depth, b, ldb, columns, result, ahead);
   }
   /// Few-row attention's scores, K read in place: s[i·lds + j] (+)= Σ_c k[c·ldk + j]·q[c·ldq + i],
   /// i < count ≤ 4, j < n, c < depth; `start`: from zero.
   static void column_scores(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
-                            bool start) {
-    avx512::column_scores<Ops>(count, n, depth, k, ldk, q, ldq, s, lds, start);
+                            bool start, Index ahead) {
+    avx512::column_scores<Ops>(count, n, depth, k, ldk, q, ldq, s, lds, start, ahead);
   }
   /// Flash attention (flash_attention.hpp): one online-softmax step of an MR-row panel, and the
   /// rescaling of its output accumulators.

@@ -111,42 +111,57 @@ struct PortableKernel {
   using Ops = portable::OpsFor<T>;
   static constexpr Index mr = 8;
   static constexpr Index nr = 4;
-  static constexpr bool any_width = false;  ///< tile() always computes all NR columns
+  /// tile() always computes all NR columns (fixed bounds the compiler vectorises), so it never
+  /// reads B in place, where columns past an edge may not exist (Context::strided_tiles).
+  static constexpr bool any_width = false;
 
   /// src[j] / dst[j] point at row 0 of the tile's column j; src null: column j starts from
-  /// values[j] (0 when values is null). A: packed MR × kc (k-major), B: packed kc × NR.
+  /// values[j] (0 when values is null). A: packed MR × kc (k-major); B(k, j) at B[k·ldb + j]
+  /// (packed: ldb = nr), or Transposed at B[j·ldb + k].
+  template <bool Transposed>
 #if defined(__GNUC__) && !defined(__clang__)
   // GCC 12's SLP vectoriser, given AVX-512 (-march=x86-64-v4), turns acc into a stack array
   // shuffled lane by lane: 10x slower than scalar code. The loop vectoriser alone does well.
   __attribute__((optimize("no-tree-slp-vectorize")))
 #endif
-  static void tile(Index /*columns*/, Index kc, const T* A, const T* B, const T* const* src, const T* values,
-                   T* const* dst) {
+  static void tile_on(Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values, T* const* dst) {
     T acc[nr][mr];
     for (Index j = 0; j < nr; ++j)
       for (Index i = 0; i < mr; ++i) acc[j][i] = src ? src[j][i] : values ? values[j] : T(0);
-    for (Index k = 0; k < kc; ++k, A += mr, B += nr)
-      for (Index j = 0; j < nr; ++j)
-        for (Index i = 0; i < mr; ++i) acc[j][i] += A[i] * B[j];
+    for (Index k = 0; k < kc; ++k, A += mr)
+      for (Index j = 0; j < nr; ++j) {
+        const T b = Transposed ? B[j * ldb + k] : B[k * ldb + j];
+        for (Index i = 0; i < mr; ++i) acc[j][i] += A[i] * b;
+      }
     for (Index j = 0; j < nr; ++j)
       for (Index i = 0; i < mr; ++i) dst[j][i] = acc[j][i];
+  }
+  static void tile(Index /*columns*/, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
+                   T* const* dst, Index /*prefetch*/) {
+    tile_on<false>(kc, A, B, ldb, src, values, dst);
+  }
+  static void tile_transposed(Index /*columns*/, Index kc, const T* A, const T* B, Index ldb, const T* const* src,
+                              const T* values, T* const* dst, Index /*prefetch*/) {
+    tile_on<true>(kc, A, B, ldb, src, values, dst);
   }
 
   /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c] for i < count ≤ 4 and
   /// c < columns, rows contiguous with stride depth, B's columns with stride ldb.
-  static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result) {
-    portable::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result);
+  static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
+                          Index row_walk) {
+    portable::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
   }
   /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
-  static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result) {
-    portable::dot_columns<Ops>(count, rows, ldr, depth, b, ldb, columns, result);
+  static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result,
+                       Index ahead) {
+    portable::dot_columns<Ops>(count, rows, ldr, depth, b, ldb, columns, result, ahead);
   }
 
   /// Few-row attention's scores, K read in place: s[i·lds + j] (+)= Σ_c k[c·ldk + j]·q[c·ldq + i],
   /// i < count ≤ 4, j < n, c < depth; `start`: from zero.
   static void column_scores(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
-                            bool start) {
-    portable::column_scores<Ops>(count, n, depth, k, ldk, q, ldq, s, lds, start);
+                            bool start, Index ahead) {
+    portable::column_scores<Ops>(count, n, depth, k, ldk, q, ldq, s, lds, start, ahead);
   }
   /// Flash attention (flash_attention.hpp): micro_kernel_simd.inc's softmax step and rescaling.
   static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) {

@@ -15,6 +15,7 @@
 
 #include "bd/base/workspace.hpp"
 #include "bd/kernel/arguments.hpp"
+#include "bd/kernel/context.hpp"
 #include "bd/kernel/few_row_kernel.hpp"
 #include "bd/kernel/pack.hpp"
 
@@ -24,17 +25,12 @@
 
 namespace bd::kernel::detail {
 
-/// Rows at or below which gemm() takes this path.
+/// Rows at or below which gemm() takes this path: the few-row kernels hold up to four rows'
+/// sums in registers (a choice of summation order, so the shapes decide it, not the tuning).
 inline constexpr Index skinny_rows = 4;
-/// Columns per kernel call: enough to amortise the call, few enough to share among threads.
-inline constexpr Index skinny_group = 64;
-/// Columns per call for a row-major B: a run this long of each of B's rows (2 KiB of floats),
-/// so that one call reads a head's map (absorbed decoding: 384–512 columns) row after row in
-/// memory order. Such products are one per head; their callers share the heads among the
-/// threads. (Measured on a 2-core Zen 5, DeepSeek-V3's 128 maps for one token: 4.0 ms through
-/// the packed GEMM, 1.8 ms as 64-column groups with each head's product on both threads, 0.95 ms
-/// so.)
-inline constexpr Index skinny_row_run = 512;
+/// Columns per call at most (Tuning::skinny_group and skinny_run are clamped to it): the size of
+/// a call's array of dot products.
+inline constexpr Index skinny_max_width = 512;
 
 /// A unit of gemm_skinny's work: up to `width` neighbouring columns of one segment.
 struct SkinnyGroup {
@@ -52,11 +48,18 @@ struct SkinnyScratch {
 };
 
 /// Compiled once per (T, S) and run on the active kernel's few-row routines (few_row_kernel.hpp).
+/// The work comes in runs of neighbouring columns, Tuning::skinny_group (enough to amortise the
+/// call, few enough to share among threads); a row-major B (absorbed decoding's maps into the
+/// latent, one per head, their callers sharing the heads among the threads) in runs of
+/// Tuning::skinny_run of each of B's rows, so that one call reads a head's map row after row in
+/// memory order.
 template <typename T, typename S>
-void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T>& kernel, SkinnyScratch<T>& scratch) {
+void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T>& kernel, const Context& context,
+                 SkinnyScratch<T>& scratch) {
   const bool by_rows = a.b_row_major;
-  constexpr Index max_width = std::max(skinny_group, skinny_row_run);
-  const Index width = by_rows ? skinny_row_run : skinny_group;
+  constexpr Index max_width = skinny_max_width;
+  const Index width = std::min(max_width, by_rows ? context.tuning.skinny_run : context.tuning.skinny_group);
+  const Index row_walk = context.tuning.row_walk, ahead = context.tuning.stream_prefetch / Index(sizeof(T));
   const Index L = a.rows;
   // X's rows gathered per segment, each row contiguous over the segment's channels; and the
   // work as groups of up to `width` neighbouring columns of one segment.
@@ -121,9 +124,9 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
     T dots[max_width * skinny_rows];
     const T* rows = gathered + offsets[group.segment];
     if (!by_rows) {
-      kernel.dot_columns(L, rows, seg.depth, b, ldb, group.count, dots);
+      kernel.dot_columns(L, rows, seg.depth, b, ldb, group.count, dots, row_walk);
     } else if (seg.depth > 0) {
-      kernel.column_scores(L, group.count, seg.depth, b, ldb, rows, L, dots, width, true);
+      kernel.column_scores(L, group.count, seg.depth, b, ldb, rows, L, dots, width, true, ahead);
     } else {
       std::fill(dots, dots + width * skinny_rows, T(0));
     }
