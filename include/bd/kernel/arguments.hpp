@@ -16,6 +16,7 @@
 #include <Eigen/Core>
 
 #include "bd/base/index.hpp"
+#include "bd/base/names.hpp"
 
 namespace bd::kernel {
 
@@ -33,6 +34,18 @@ struct Blocking {
   Index kc = 0;
   Index nc = 0;
 };
+
+/// What a product computes in, apart from what its operands are stored in: F32 (products of
+/// float operands), or BF16 — both operands rounded once to bfloat16 (nearest even; bfloat16
+/// weights as they are), their products summed in float — which CPUs with bf16 units compute
+/// two to sixteen times as fast (docs/design.md, "Compute type"). Start values (BD's basis
+/// channels, a bias) are added in float either way.
+enum class Compute { F32, BF16 };
+
+/// The names --compute takes and reports print (base/names.hpp).
+inline constexpr bd::detail::Named<Compute> compute_names[] = {{Compute::F32, "f32"}, {Compute::BF16, "bf16"}};
+
+inline const char* to_string(Compute c) { return bd::detail::name_in(compute_names, c); }
 
 /// Columns [first_column, first_column + width) of B and of the output that share one list of
 /// X channels as their K dimension (`depth` channels, read in list order against B's rows).
@@ -102,6 +115,9 @@ struct GemmArguments {
   /// whose every output row i is above its column c (i < c, c the B column) are not computed
   /// and those outputs are left unwritten; every output with i ≥ c is written as usual.
   bool lower_only = false;
+  /// BF16: X's channels and B rounded to bfloat16 as they are packed (T float; B stored in float or
+  /// bfloat16), the products summed in T; the start values as they are.
+  Compute compute = Compute::F32;
 };
 
 }  // namespace bd::kernel

@@ -43,6 +43,9 @@
 #endif
 #define BD_TARGET_AVX2 __attribute__((target("avx2,fma,f16c") BD_HAND_VECTORISED))
 #define BD_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c") BD_HAND_VECTORISED))
+// vdpbf16ps: called only where the context says the CPU has AVX512-BF16 (context.hpp).
+#define BD_TARGET_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c") BD_HAND_VECTORISED))
 #include <cpuid.h>
 #endif
 

@@ -28,12 +28,28 @@ namespace bd::kernel {
 
 namespace detail {
 
-/// gemm() with FewRows: true, at most skinny_rows rows of a column-major X take the skinny path;
-/// false for a caller whose products never have a few rows
-/// (matmul sends those to product_small), so that a program multiplying only through it — a
-/// decomposition — compiles none of the skinny path's kernels (about 100 KB of code in the
-/// README's example).
-template <bool FewRows, typename T, typename S>
+/// The storage names of the types a product may take, for messages.
+template <typename T>
+constexpr const char* type_name() {
+  if constexpr (std::is_same_v<T, double>) return "f64";
+  else if constexpr (std::is_same_v<T, float>) return "f32";
+  else if constexpr (std::is_same_v<T, Eigen::half>) return "f16";
+  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return "bf16";
+  else return "another type";
+}
+
+/// Whether a product of arithmetic T on B stored in S can compute in bf16: float arithmetic on a
+/// B stored in float or bfloat16. A half B is not rounded a second time (11 → 8 bits of
+/// mantissa): bf16 compute multiplies operands rounded once (docs/design.md, "Compute type").
+template <typename T, typename S>
+constexpr bool bf16_computable = std::is_same_v<T, float> && (std::is_same_v<S, float> || std::is_same_v<S, Eigen::bfloat16>);
+
+/// gemm() with Layer: true, at most skinny_rows rows of a column-major X take the skinny path and
+/// bf16 compute is taken; false for a caller whose products are preparation's, never of a few
+/// rows (matmul sends those to product_small) and always in their own type, so that a program
+/// multiplying only through it — a decomposition — compiles none of the skinny path's kernels
+/// (about 100 KB of code in the README's example) nor bf16's packing.
+template <bool Layer, typename T, typename S>
 void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, Workspace& ws) {
   if (a.rows < 0 || (!a.x_row_major && a.ldx < a.rows) || a.ldo < a.rows)
     throw ShapeError(bd::detail::message("bd::kernel::gemm: ", a.rows, " rows with leading dimensions ldx = ", a.ldx, " and ldo = ",
@@ -47,14 +63,26 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
   threads = 1;
 #endif
   // The skinny path (skinny.hpp) for a few rows of a column-major X, compiled only where
-  // FewRows asks for it; the packed one otherwise (loop.hpp). Each loop once per scalar type.
+  // Layer asks for it; the packed one otherwise (loop.hpp). Each loop once per scalar type.
   const Context& context = active_context();
-  if constexpr (FewRows) {
+  Packing packing = Packing::Plain;
+  if constexpr (Layer) {
+    if (a.compute == Compute::BF16) {
+      if constexpr (!bf16_computable<T, S>) {
+        throw RangeError(bd::detail::message(
+            "bd::kernel::gemm: bf16 compute multiplies operands rounded once to bf16 in f32 arithmetic; this product's "
+            "arithmetic is ", type_name<T>(), " and its B is stored in ", type_name<S>(),
+            std::is_same_v<S, Eigen::half> ? " (rounding f16 weights to bf16 would round them twice: store them in bf16, or "
+                                             "compute in f32)"
+                                           : " (compute in f32)"));
+      }
+      packing = context.bf16_method() == Bf16Method::Dot ? Packing::Pairs : Packing::Rounded;
+    }
     if (a.rows <= skinny_rows && !a.x_row_major)
       return gemm_skinny(a, threads, on_active_kernel<T>([](auto k) { return few_row_kernel<decltype(k), T>(); }), context,
                          ws.local<SkinnyScratch<T>>());
   }
-  const PackedKernel<T, S> kernel = on_active_kernel<T>([](auto k) { return packed_kernel<decltype(k), T, S>(); });
+  const PackedKernel<T, S> kernel = on_active_kernel<T>([packing](auto k) { return packed_kernel<decltype(k), T, S>(packing); });
   gemm_packed(a, total, blk, threads, kernel, context, ws);
 }
 }  // namespace detail
@@ -83,7 +111,11 @@ Index default_row_block(Index depth = 0, long l2 = l2_bytes()) {
 
 /// Runs the GEMM on up to `threads` OpenMP threads (0: omp_get_max_threads(), which honours
 /// OMP_NUM_THREADS; 1 inside a parallel region) with the kernels of active_isa(); at most
-/// skinny_rows rows of a column-major X take the skinny path (skinny.hpp). Preconditions (checked where cheap; ShapeError): pointers and leading dimensions cover every
+/// skinny_rows rows of a column-major X take the skinny path (skinny.hpp). a.compute = BF16
+/// (T float, B stored in float or bfloat16; RangeError otherwise) rounds X and B to bfloat16 as
+/// they are packed and sums their products in float: vdpbf16ps where the context has it, FMAs on
+/// the rounded operands in vdpbf16ps's order elsewhere, the same bits (the skinny path's sums run
+/// in its own order, as in f32). Preconditions (checked where cheap; ShapeError): pointers and leading dimensions cover every
 /// index the segments, channel and column lists name. Results are bit-identical for any number
 /// of threads; different instruction sets sum in different orders (last-bit differences). The
 /// packing space is the calling thread's in `ws` (kept there for the next call).

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "bd/base/workspace.hpp"
@@ -52,7 +53,7 @@ struct Block {
 /// The pieces of columns [from, to) of the concatenated segments, grouped into blocks of at most
 /// nc columns: a segment that fits is not split, a wider one is cut into equal blocks.
 inline std::vector<Block> make_blocks(const SegmentList& segments, Index from, Index to, Index nc, Index nr,
-                                      Index kc) {
+                                      Index kc, Packing packing) {
   std::vector<Block> blocks;
   Index block_width = nc, start = 0;  // start: the first column of the current segment
   for (std::size_t s = 0; s < segments.size(); ++s) {
@@ -67,7 +68,7 @@ inline std::vector<Block> make_blocks(const SegmentList& segments, Index from, I
       if (block_width + w > nc) blocks.emplace_back(), block_width = 0;
       const Index c0 = seg.first_column + (c - (start - seg.width));
       blocks.back().pieces.push_back({static_cast<Index>(s), c0, w});
-      blocks.back().packed_size += pass_depth(seg.depth, kc) * round_up(w, nr);
+      blocks.back().packed_size += packed_depth(packing, pass_depth(seg.depth, kc, packing != Packing::Plain)) * round_up(w, nr);
       block_width += w;
     }
   }
@@ -85,29 +86,99 @@ inline bool piece_pass(const Segment& seg, Index kc, Index p, Index& k0, Index& 
 
 /// A micro-kernel as the packed GEMM uses it: its tile shape, whether tile() computes fewer than
 /// nr columns when asked (else a partial tile goes through a zero-padded copy), tile() itself
-/// and the packing of A and B into its panels (pack.hpp, compiled for its shape). Calls through
-/// these pointers cost one indirect call per micro-tile (mr·nr·kc multiply-adds, thousands) or
-/// per packed panel.
+/// and the packing of A and B into its panels (pack.hpp, compiled for its shape and layout:
+/// packing). Calls through these pointers cost one indirect call per micro-tile (mr·nr·kc
+/// multiply-adds, thousands) or per packed panel.
 template <typename T, typename S>
 struct PackedKernel {
   Index mr = 0, nr = 0;
   bool any_width = false;
+  Packing packing = Packing::Plain;
   void (*tile)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values, T* const* dst,
                Index prefetch) = nullptr;
   void (*pack_a)(const GemmArguments<T, S>& a, const Segment& seg, Index r0, Index m, Index k0, Index kn, T* packed) = nullptr;
   void (*pack_b)(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn, T* packed) = nullptr;
 };
 
-/// Kernel's PackedKernel for a product with B stored in S.
+/// Whether a kernel has a tile on bf16 pairs (vdpbf16ps: AVX-512's float kernel).
+template <typename Kernel, typename = void>
+struct has_pair_tile : std::false_type {};
+template <typename Kernel>
+struct has_pair_tile<Kernel, std::enable_if_t<Kernel::pair_tiles>> : std::true_type {};
+
+/// Kernel's PackedKernel for a product with B stored in S, its operands packed as `packing` says.
 template <typename Kernel, typename T, typename S>
-PackedKernel<T, S> packed_kernel() {
+PackedKernel<T, S> packed_kernel(Packing packing = Packing::Plain) {
   static_assert(Kernel::mr <= max_tile_rows && Kernel::nr <= max_tile_columns, "loop.hpp: raise max_tile_rows/columns");
   PackedKernel<T, S> k;
-  k.mr = Kernel::mr, k.nr = Kernel::nr, k.any_width = Kernel::any_width;
+  k.mr = Kernel::mr, k.nr = Kernel::nr, k.any_width = Kernel::any_width, k.packing = packing;
   k.tile = &Kernel::tile;
   k.pack_a = &pack_a<Kernel::mr, T, S>;
   k.pack_b = &pack_b<Kernel::nr, T, S>;
+  if constexpr (std::is_same_v<T, float> && (std::is_same_v<S, float> || std::is_same_v<S, Eigen::bfloat16>)) {
+    if (packing == Packing::Rounded) {
+      k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Rounded, T, S>;
+      k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Rounded, T, S>;
+    }
+    if constexpr (has_pair_tile<Kernel>::value) {
+      if (packing == Packing::Pairs) {
+        k.tile = &Kernel::tile_pairs;
+        k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Pairs, T, S>;
+        k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Pairs, T, S>;
+      }
+    }
+  }
   return k;
+}
+
+/// bf16 compute: the channels of X that the segments read, rounded to bfloat16 once per product
+/// (each distinct channel once, as floats whose low halves are zero), column-major, with each
+/// segment's list remapped to them: what pack_bf16_a reads instead of X. X itself keeps serving
+/// the start values (BD's basis channels are added unrounded).
+template <typename T>
+struct RoundedInput {
+  ScratchBuffer<T> values;
+  ScratchBuffer<Index> where;     ///< X's channel → its column in values (−1: not read)
+  ScratchBuffer<Index> channels;  ///< every segment's list, remapped, one after another
+  ScratchBuffer<Segment> segments;
+};
+
+/// The packing's view of X for bf16 compute: x at the rounded copy, the segments remapped.
+template <typename T, typename S>
+void round_input(const GemmArguments<T, S>& a, int threads, RoundedInput<T>& scratch, GemmArguments<T, S>& packing) {
+  Index highest = -1, depth = 0;
+  for (const Segment& seg : a.segments) {
+    depth += seg.depth;
+    for (Index k = 0; k < seg.depth; ++k) highest = std::max(highest, seg.channels[k]);
+  }
+  Index* const where = scratch.where.reserve(static_cast<std::size_t>(highest + 1));
+  std::fill(where, where + highest + 1, Index(-1));
+  Index* const channels = scratch.channels.reserve(static_cast<std::size_t>(std::max<Index>(1, depth)));
+  Segment* const segments = scratch.segments.reserve(a.segments.size());
+  Index used = 0, at = 0;
+  for (std::size_t s = 0; s < a.segments.size(); ++s) {
+    const Segment& seg = a.segments[s];
+    segments[s] = seg, segments[s].channels = channels + at;
+    for (Index k = 0; k < seg.depth; ++k) {
+      Index& column = where[seg.channels[k]];
+      if (column < 0) column = used++;
+      channels[at++] = column;
+    }
+  }
+  const Index L = a.rows;
+  T* const values = scratch.values.reserve(static_cast<std::size_t>(std::max<Index>(1, L * used)));
+  (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && L * used >= (Index(1) << 16))
+#endif
+  for (Index c = 0; c <= highest; ++c) {
+    if (where[c] < 0) continue;
+    const PackedWord* from = reinterpret_cast<const PackedWord*>(a.x + c * a.ldx);
+    PackedWord* to = reinterpret_cast<PackedWord*>(values + where[c] * L);
+    for (Index i = 0; i < L; ++i) to[i] = bf16_upper(from[i]);
+  }
+  packing.rows = L, packing.x = values, packing.ldx = L, packing.x_row_major = false;
+  packing.segments.view(segments, a.segments.size());
 }
 
 /// Packs pass `p` of B for every piece of a block, one after the other (see pack_b).
@@ -117,9 +188,9 @@ void pack_block_pass(const GemmArguments<T, S>& a, const Block& block, const Blo
   for (const Piece& piece : block.pieces) {
     const Segment& seg = a.segments[static_cast<std::size_t>(piece.segment)];
     Index k0, kn;
-    if (!piece_pass(seg, pass_depth(seg.depth, blk.kc), p, k0, kn)) continue;
+    if (!piece_pass(seg, pass_depth(seg.depth, blk.kc, kernel.packing != Packing::Plain), p, k0, kn)) continue;
     kernel.pack_b(a, piece.c0, piece.w, k0, kn, packed);
-    packed += kn * round_up(piece.w, kernel.nr);
+    packed += packed_depth(kernel.packing, kn) * round_up(piece.w, kernel.nr);
   }
 }
 
@@ -127,8 +198,9 @@ void pack_block_pass(const GemmArguments<T, S>& a, const Block& block, const Blo
 /// after the other. The first pass starts the accumulators from init(c), later ones from the
 /// output.
 template <typename T, typename S>
-void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, Index r0, Index r1, const Blocking& blk,
-                    const PackedKernel<T, S>& kernel, Index prefetch, const T* packed_b, T* packed_a) {
+void run_block_pass(const GemmArguments<T, S>& a, const GemmArguments<T, S>& packing, const Block& block, Index p, Index r0,
+                    Index r1, const Blocking& blk, const PackedKernel<T, S>& kernel, Index prefetch, const T* packed_b,
+                    T* packed_a) {
   const Index MR = kernel.mr, NR = kernel.nr;
   // Equal row blocks of whole micro-tiles, at most blk.mc rows each (256 rows and mc = 144: two
   // blocks of 128, not 144 + 112 with a half-empty tile).
@@ -144,12 +216,13 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
     for (const Piece& piece : block.pieces) {
       const Segment& seg = a.segments[static_cast<std::size_t>(piece.segment)];
       Index k0, kn;
-      if (!piece_pass(seg, pass_depth(seg.depth, blk.kc), p, k0, kn)) continue;
+      if (!piece_pass(seg, pass_depth(seg.depth, blk.kc, kernel.packing != Packing::Plain), p, k0, kn)) continue;
+      const Index steps = packed_depth(kernel.packing, kn);  // the packed panels' k-steps
       if (packed_segment != piece.segment) {
-        kernel.pack_a(a, seg, r, m, k0, kn, packed_a);
+        kernel.pack_a(packing, packing.segments[static_cast<std::size_t>(piece.segment)], r, m, k0, kn, packed_a);
         packed_segment = piece.segment;
       }
-      for (Index j0 = 0; j0 < piece.w; j0 += NR, panel_b += NR * kn) {
+      for (Index j0 = 0; j0 < piece.w; j0 += NR, panel_b += NR * steps) {
         const Index nj = std::min(NR, piece.w - j0);
         const Index c = piece.c0 + j0;  // first B column of the micro-panel
         for (Index i0 = 0; i0 < m; i0 += MR) {
@@ -171,7 +244,7 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
             }
           }
           if (mi == MR && (nj == NR || kernel.any_width)) {
-            kernel.tile(nj, kn, packed_a + i0 * kn, panel_b, NR, from_values ? nullptr : src, values, dst, prefetch);
+            kernel.tile(nj, steps, packed_a + i0 * steps, panel_b, NR, from_values ? nullptr : src, values, dst, prefetch);
             continue;
           }
           T* local[max_tile_columns];  // zero-padded copy of the tile's start, all NR columns computed
@@ -179,7 +252,7 @@ void run_block_pass(const GemmArguments<T, S>& a, const Block& block, Index p, I
             local[j] = edge + j * MR;
             for (Index i = 0; i < MR; ++i) local[j][i] = i < mi && j < nj ? (from_values ? values[j] : src[j][i]) : T(0);
           }
-          kernel.tile(NR, kn, packed_a + i0 * kn, panel_b, NR, local, static_cast<const T*>(nullptr), local, prefetch);
+          kernel.tile(NR, steps, packed_a + i0 * steps, panel_b, NR, local, static_cast<const T*>(nullptr), local, prefetch);
           for (Index j = 0; j < nj; ++j) std::copy(local[j], local[j] + mi, dst[j]);
         }
       }
@@ -223,7 +296,7 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
   }
   Index max_kc = 1, passes = 1;
   for (const auto& seg : a.segments) {
-    const Index kc = pass_depth(seg.depth, blk.kc);
+    const Index kc = pass_depth(seg.depth, blk.kc, kernel.packing != Packing::Plain);
     max_kc = std::max(max_kc, kc);
     passes = std::max(passes, (seg.depth + kc - 1) / kc);
   }
@@ -241,11 +314,23 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
   Index b_size = 1;
   for (Index g = 0; g < column_groups; ++g) {
     column_blocks.push_back(
-        make_blocks(a.segments, g * group_width, std::min(total, (g + 1) * group_width), nc, NR, blk.kc));
+        make_blocks(a.segments, g * group_width, std::min(total, (g + 1) * group_width), nc, NR, blk.kc, kernel.packing));
     for (const auto& block : column_blocks.back()) b_size = std::max(b_size, block.packed_size);
   }
   const Index workers = column_groups * row_groups;
-  const Index a_size = round_up(std::max<Index>(1, blk.mc), MR) * max_kc;  // ≥ the balanced mc of run_block_pass
+  // ≥ the balanced mc of run_block_pass
+  const Index a_size = round_up(std::max<Index>(1, blk.mc), MR) * packed_depth(kernel.packing, max_kc);
+  // bf16 compute: the packing reads X's channels rounded once (RoundedInput); f32: X itself.
+  const GemmArguments<T, S>* packing = &a;
+  GemmArguments<T, S> rounded;
+  if constexpr (std::is_same_v<T, float>) {
+    if (kernel.packing != Packing::Plain) {
+      if (a.x_row_major)
+        throw RangeError("bd::kernel::gemm: bf16 compute reads X column-major (a layer's activations); this X is row-major");
+      round_input(a, threads, ws.local<RoundedInput<T>>(), rounded);
+      packing = &rounded;
+    }
+  }
   PackingSpace<T>& space = ws.local<PackingSpace<T>>();
   T* const buffers = space.shares(b_size + a_size, workers);
   const Index share = space.stride;
@@ -266,7 +351,7 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
       for (const Block& block : column_blocks[static_cast<std::size_t>(w % column_groups)]) {
         for (Index p = 0; p < passes; ++p) {
           pack_block_pass(a, block, blk, p, kernel, packed_b);
-          run_block_pass(a, block, p, r0, r1, blk, kernel, prefetch, packed_b, packed_a);
+          run_block_pass(a, *packing, block, p, r0, r1, blk, kernel, prefetch, packed_b, packed_a);
         }
       }
     }

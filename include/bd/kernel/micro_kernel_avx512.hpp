@@ -14,6 +14,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "bd/kernel/cpu.hpp"
@@ -90,6 +92,48 @@ struct OpsDouble {
 #include "bd/kernel/micro_kernel_simd.inc"
 #undef BD_KERNEL_TARGET
 
+/// The tile on bf16 pairs (AVX512-BF16): acc(32 × N) = start; acc += A·B over kp pairs of channels;
+/// dst = acc. A holds, per pair, 32 rows' 32-bit words (channel 2k in the low half, 2k + 1 in the
+/// high), B per pair N words ldb apart (pack.hpp's Packing::Pairs). vdpbf16ps adds to each lane the
+/// products of its word's high halves, then of its low halves, each rounded once as an FMA rounds:
+/// the tile is tile_columns on twice the channels, half the loads and instructions.
+template <int N>
+BD_TARGET_AVX512_BF16 inline __attribute__((always_inline)) void pair_tile_columns(Index kp, const float* A, const float* B,
+                                                                                  Index ldb, const float* const* src,
+                                                                                  const float* values, float* const* dst,
+                                                                                  Index prefetch) {
+  __m512 c0[N], c1[N];
+#pragma GCC unroll 16
+  for (int j = 0; j < N; ++j) {
+    if (src) c0[j] = _mm512_loadu_ps(src[j]), c1[j] = _mm512_loadu_ps(src[j] + 16);
+    else c0[j] = c1[j] = _mm512_set1_ps(values ? values[j] : 0.0f);
+  }
+  for (Index k = 0; k < kp; ++k, A += 32, B += ldb) {
+    if (prefetch)
+#pragma GCC unroll 2
+      for (Index l = 0; l < 2; ++l) __builtin_prefetch(reinterpret_cast<const char*>(A) + prefetch + 64 * l);
+    const __m512bh a0 = (__m512bh)_mm512_loadu_si512(A), a1 = (__m512bh)_mm512_loadu_si512(A + 16);
+#pragma GCC unroll 16
+    for (int j = 0; j < N; ++j) {
+      std::uint32_t word;
+      std::memcpy(&word, B + j, sizeof word);
+      const __m512bh b = (__m512bh)_mm512_set1_epi32(int(word));
+      c0[j] = _mm512_dpbf16_ps(c0[j], a0, b), c1[j] = _mm512_dpbf16_ps(c1[j], a1, b);
+    }
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < N; ++j) _mm512_storeu_ps(dst[j], c0[j]), _mm512_storeu_ps(dst[j] + 16, c1[j]);
+}
+
+template <int N>
+BD_TARGET_AVX512_BF16 inline void pair_tile(Index columns, Index kp, const float* A, const float* B, Index ldb,
+                                            const float* const* src, const float* values, float* const* dst, Index prefetch) {
+  if constexpr (N > 1) {
+    if (columns < N) return pair_tile<N - 1>(columns, kp, A, B, ldb, src, values, dst, prefetch);
+  }
+  pair_tile_columns<N>(kp, A, B, ldb, src, values, dst, prefetch);
+}
+
 }  // namespace avx512
 
 /// float: 32 × 12; double: 16 × 12.
@@ -106,6 +150,13 @@ struct Avx512Kernel {
   BD_TARGET_AVX512 static void tile(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
                                   T* const* dst, Index prefetch) {
     avx512::tile<nr, nr, Ops>(columns, kc, A, B, ldb, src, values, dst, prefetch);
+  }
+  /// tile on bf16 pairs (kc: pairs of channels; Packing::Pairs), float only; run only where the
+  /// context says the CPU has vdpbf16ps (Context::bf16_dot).
+  static constexpr bool pair_tiles = std::is_same_v<T, float>;
+  static void tile_pairs(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
+                         T* const* dst, Index prefetch) {
+    if constexpr (pair_tiles) avx512::pair_tile<nr>(columns, kc, A, B, ldb, src, values, dst, prefetch);
   }
   /// The same with B's columns ldb apart, B(k, j) at B[j·ldb + k] (flash attention's values, read
   /// where they lie: each channel's keys one contiguous run).

@@ -6,10 +6,15 @@
 //   pack_b: B's columns into NR-column panels, k-major inside a panel, pass by pass; B is
 //           converted from its storage type (half, bfloat16) to the arithmetic type here, so no
 //           converted copy of a whole matrix exists.
-// Both pad with zeros past the edge, so the micro-kernel always sees full panels.
+// Both pad with zeros past the edge, so the micro-kernel always sees full panels. For bf16
+// compute (arguments.hpp's Compute) pack_bf16_a and pack_bf16_b round both operands to bfloat16
+// here, once, into one of two layouts (Packing): bf16 pairs, a 32-bit word per two channels, which
+// vdpbf16ps multiplies; or the rounded values as floats, each pair's channels swapped, which
+// the fp32 tile's FMAs then sum in vdpbf16ps's order — the same bits on every CPU.
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -32,11 +37,30 @@ inline Index round_up(Index value, Index multiple) { return (value + multiple - 
 /// per scalar type (loop.hpp, flash_attention.hpp) size their per-tile arrays by it.
 inline constexpr Index max_tile_rows = 32, max_tile_columns = 12;
 
-/// Splits `depth` into passes of at most `kc`, all of equal size but the last.
-inline Index pass_depth(Index depth, Index kc) {
+/// Splits `depth` into passes of at most `kc`, all of equal size but the last; `even`: of an even
+/// size (bf16 pairs never straddle two passes, so the blocking cannot move a pair), which may
+/// exceed kc by one.
+inline Index pass_depth(Index depth, Index kc, bool even = false) {
   const Index passes = std::max<Index>(1, (depth + kc - 1) / std::max<Index>(1, kc));
-  return std::max<Index>(1, (depth + passes - 1) / passes);
+  const Index pass = std::max<Index>(1, (depth + passes - 1) / passes);
+  return even ? (pass + 1) / 2 * 2 : pass;
 }
+
+/// How a packed panel holds its operand: as it is (fp32 compute); rounded to bfloat16, held in
+/// floats, the channels of each pair swapped (bf16 by FMAs: vdpbf16ps adds a pair's odd product
+/// first, then its even one, each FMA rounded once); or as bf16 pairs, channel 2k in the low half
+/// of word k and 2k + 1 in its high half (bf16 by vdpbf16ps).
+enum class Packing { Plain, Rounded, Pairs };
+
+/// The k-steps of a panel packing kn channels: kn, kn rounded up to even (a pair's missing half
+/// is a zero), or the pairs.
+inline Index packed_depth(Packing p, Index kn) {
+  return p == Packing::Plain ? kn : p == Packing::Rounded ? (kn + 1) / 2 * 2 : (kn + 1) / 2;
+}
+
+/// x rounded to bfloat16 (nearest even, NaN kept; a bfloat16 as it is), as a float.
+inline float bf16_value(float x) { return float_of(std::uint32_t(bfloat16_bits(x)) << 16); }
+inline float bf16_value(Eigen::bfloat16 x) { return float_of(std::uint32_t(x.value) << 16); }
 
 /// dst[0, n) = src[0, n) converted (widen_one: the bfloat16 shift vectorises).
 template <typename S, typename T>
@@ -190,6 +214,99 @@ void pack_a(const GemmArguments<T, S>& a, const Segment& seg, Index r0, Index m,
         std::fill(to + mi, to + MR, T(0));
       }
     }
+  }
+}
+
+/// A float's bits rounded to bfloat16 (nearest even; NaN kept, made quiet), in the word's upper
+/// half with the lower half zero: branch-free, so that the packing loops vectorise.
+inline std::uint32_t bf16_upper(std::uint32_t x) {
+  const std::uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+  const std::uint32_t quiet = (x | 0x00400000u) & 0xffff0000u;
+  return (x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+}
+inline std::uint32_t bf16_upper(float x) { return bf16_upper(bits_of(x)); }
+inline std::uint32_t bf16_upper(Eigen::bfloat16 x) { return std::uint32_t(x.value) << 16; }
+
+/// The packing buffer's 32-bit words as words (the bf16 pairs live in a buffer of floats).
+using PackedWord = std::uint32_t
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((may_alias))
+#endif
+    ;
+
+/// pack_a for bf16 compute (T float) from X's channels already rounded to bfloat16 (a column-major
+/// copy, loop.hpp's RoundedInput: a thread packs its rows once per column block, and rounding
+/// them each time cost more than the packing): rows [r0, r0 + m) of the segment's channels
+/// [k0, k0 + kn) as MR-row panels of packed_depth(P, kn) k-steps, zero rows past m.
+template <Index MR, Packing P, typename T, typename S>
+void pack_bf16_a(const GemmArguments<T, S>& a, const Segment& seg, Index r0, Index m, Index k0, Index kn, T* packed) {
+  static_assert(std::is_same_v<T, float> && P != Packing::Plain, "bf16 packing: float arithmetic");
+  assert(!a.x_row_major);
+  const Index steps = packed_depth(P, kn);
+  const auto column = [&](Index k) -> const PackedWord* {
+    return k < kn ? reinterpret_cast<const PackedWord*>(a.x + seg.channels[k0 + k] * a.ldx) : nullptr;
+  };
+  for (Index i0 = 0; i0 < m; i0 += MR) {
+    PackedWord* panel = reinterpret_cast<PackedWord*>(packed + i0 * steps);
+    const Index mi = std::min(MR, m - i0), row0 = r0 + i0;
+    for (Index k = 0; k < steps; ++k) {
+      PackedWord* to = panel + k * MR;
+      if constexpr (P == Packing::Rounded) {  // the pair's other channel: k ^ 1
+        if (const PackedWord* from = column(k ^ 1)) std::copy(from + row0, from + row0 + mi, to);
+        else std::fill(to, to + mi, 0u);
+      } else {  // channel 2k in the low half, 2k + 1 in the high half
+        const PackedWord *lo = column(2 * k) + row0, *hi = column(2 * k + 1);
+        if (hi) {
+          hi += row0;
+          for (Index i = 0; i < mi; ++i) to[i] = hi[i] | lo[i] >> 16;
+        } else {
+          for (Index i = 0; i < mi; ++i) to[i] = lo[i] >> 16;
+        }
+      }
+      std::fill(to + mi, to + MR, 0u);
+    }
+  }
+}
+
+/// pack_b for bf16 compute: B's columns [c0, c0 + w), rows [k0, k0 + kn), rounded to bfloat16
+/// (a bfloat16 B as it is), as NR-column panels of packed_depth(P, kn) k-steps, zero columns past
+/// w. Column by column, each one run of B when B is column-major.
+template <Index NR, Packing P, typename T, typename S>
+void pack_bf16_b(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn, T* packed) {
+  static_assert(std::is_same_v<T, float> && (std::is_same_v<S, float> || std::is_same_v<S, Eigen::bfloat16>) &&
+                    P != Packing::Plain,
+                "bf16 packing: float arithmetic, B stored in float or bfloat16");
+  const Index steps = packed_depth(P, kn), pairs = kn / 2;  // whole pairs; an odd kn leaves a last half
+  if constexpr (P == Packing::Rounded) {
+    // Each panel packed as for f32 (pack_b's transposes, a bf16 B widened exactly), then rounded
+    // in place, each pair's two k-steps swapped; an odd kn's last half moves one step down, a
+    // zero before it.
+    for (Index j0 = 0; j0 < round_up(w, NR); j0 += NR) {
+      T* panel = packed + j0 * steps;
+      pack_b<NR>(a, c0 + j0, std::min(NR, w - j0), k0, kn, panel);
+      PackedWord* words = reinterpret_cast<PackedWord*>(panel);
+      for (Index t = 0; t < pairs; ++t)
+        for (Index j = 0; j < NR; ++j) {
+          const std::uint32_t even = words[2 * t * NR + j], odd = words[(2 * t + 1) * NR + j];
+          words[2 * t * NR + j] = bf16_upper(odd), words[(2 * t + 1) * NR + j] = bf16_upper(even);
+        }
+      if (kn % 2)
+        for (Index j = 0; j < NR; ++j) words[kn * NR + j] = bf16_upper(words[(kn - 1) * NR + j]), words[(kn - 1) * NR + j] = 0u;
+    }
+    return;
+  }
+  const Index stride = a.b_row_major ? a.ldb : 1;  // between B(k, c) and B(k + 1, c)
+  for (Index j0 = 0; j0 < round_up(w, NR); j0 += NR) {
+    T* panel = packed + j0 * steps;
+    PackedWord* words = reinterpret_cast<PackedWord*>(panel);
+    const Index wj = std::min(NR, w - j0);
+    for (Index j = 0; j < wj; ++j) {
+      const S* col = a.b_row_major ? a.b + k0 * a.ldb + c0 + j0 + j : a.b + (c0 + j0 + j) * a.ldb + k0;
+      for (Index t = 0; t < pairs; ++t)
+        words[t * NR + j] = bf16_upper(col[(2 * t + 1) * stride]) | bf16_upper(col[2 * t * stride]) >> 16;
+      if (kn % 2) words[pairs * NR + j] = bf16_upper(col[(kn - 1) * stride]) >> 16;
+    }
+    for (Index k = 0; k < steps; ++k) std::fill(panel + k * NR + wj, panel + (k + 1) * NR, T(0));
   }
 }
 

@@ -80,15 +80,31 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
   // Gathered row by row (i·depth + k) for dot_columns, channel by channel (k·L + i) for
   // column_scores.
   T* const gathered = scratch.gathered.reserve(static_cast<std::size_t>(std::max<Index>(1, gathered_size)));
+  // bf16 compute (T float, B in float or bfloat16: gemm() checked): X's values and B's rounded to
+  // bfloat16 as they are gathered and converted, then summed in float.
+  constexpr bool bf16_possible = std::is_same_v<T, float> && (std::is_same_v<S, float> || std::is_same_v<S, Eigen::bfloat16>);
+  const bool bf16 = bf16_possible && a.compute == Compute::BF16;
   for (std::size_t s = 0; s < a.segments.size(); ++s) {
     const Segment& seg = a.segments[s];
     for (Index i = 0; i < L; ++i)
-      for (Index k = 0; k < seg.depth; ++k)
-        gathered[offsets[s] + (by_rows ? k * L + i : i * seg.depth + k)] = a.x[seg.channels[k] * a.ldx + i];
+      for (Index k = 0; k < seg.depth; ++k) {
+        T value = a.x[seg.channels[k] * a.ldx + i];
+        if constexpr (bf16_possible) value = bf16 ? bf16_value(value) : value;
+        gathered[offsets[s] + (by_rows ? k * L + i : i * seg.depth + k)] = value;
+      }
   }
-  // A narrow B's columns (rows' runs) are converted once into their thread's buffer, then read
-  // by every row of X.
-  constexpr bool convert = !std::is_same_v<S, T>;
+  // A narrow B's columns (rows' runs), or any B's rounded for bf16 compute, are converted once
+  // into their thread's buffer, then read by every row of X.
+  const bool convert = !std::is_same_v<S, T> || bf16;
+  const auto convert_run = [bf16](const S* from, Index n, T* to) {
+    if constexpr (bf16_possible) {
+      if (bf16) {
+        for (Index k = 0; k < n; ++k) to[k] = bf16_value(from[k]);
+        return;
+      }
+    }
+    convert_column(from, n, to);
+  };
   const auto buffer_size = static_cast<std::size_t>(width * max_depth * std::max(1, threads));
   T* const buffers = convert ? scratch.converted.reserve(buffer_size) : nullptr;
   (void)threads;
@@ -103,8 +119,8 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
     const S* source = a.b + (by_rows ? group.column : group.column * a.ldb);
     const T* b = nullptr;
     Index ldb = a.ldb;
-    if constexpr (!convert) {
-      b = source;
+    if (!convert) {
+      b = reinterpret_cast<const T*>(source);  // S is T here
     } else {
 #ifdef _OPENMP
       T* buffer = buffers + omp_get_thread_num() * width * max_depth;
@@ -112,10 +128,10 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
       T* buffer = buffers;
 #endif
       if (by_rows) {
-        for (Index k = 0; k < seg.depth; ++k) convert_column(source + k * a.ldb, group.count, buffer + k * width);
+        for (Index k = 0; k < seg.depth; ++k) convert_run(source + k * a.ldb, group.count, buffer + k * width);
         ldb = width;
       } else {
-        for (Index j = 0; j < group.count; ++j) convert_column(source + j * a.ldb, seg.depth, buffer + j * max_depth);
+        for (Index j = 0; j < group.count; ++j) convert_run(source + j * a.ldb, seg.depth, buffer + j * max_depth);
         ldb = max_depth;
       }
       b = buffer;

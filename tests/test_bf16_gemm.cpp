@@ -1,0 +1,202 @@
+// bf16 compute (arguments.hpp's Compute::BF16): bd::kernel::gemm rounds X and B to bfloat16 once,
+// as it packs them, and sums their products in float.
+//   - Exact where exactness is possible: small integers, whose every product and partial sum a
+//     float holds, give the exact product in any order, on every path.
+//   - The same bits on every instruction set and both bf16 methods (vdpbf16ps where the CPU has
+//     it, FMAs on the rounded operands elsewhere): vdpbf16ps adds a pair's odd product, then its
+//     even one, each rounded once, and the FMA path packs each pair swapped; a bf16 product is
+//     exact in float, so even a separate multiply and add rounds as an FMA.
+//   - Within (depth + 1)·2⁻²⁴·(Σ|x·b| + |start|) of the product of the rounded operands in double
+//     (the forward bound of a float sum of depth terms and a start), and no blocking moves a bit.
+//   - A product that cannot compute in bf16 (double arithmetic, f16-stored weights) is refused.
+// Values stay far from bf16's subnormals, which vdpbf16ps flushes to zero and the FMAs keep.
+#include <bd/kernel/context.hpp>
+#include <bd/kernel/gemm.hpp>
+
+#include <numeric>
+#include <random>
+
+#include "support.hpp"
+
+using bd::kernel::Bf16Method;
+using bd::kernel::Blocking;
+using bd::kernel::Compute;
+using bd::kernel::Isa;
+using Catch::Contains;
+using Eigen::Index;
+using Eigen::MatrixXd;
+using Eigen::MatrixXf;
+
+namespace {
+
+float bf16_rounded(float x) { return static_cast<float>(Eigen::bfloat16(x)); }
+
+/// The shapes of a layer's products: a gathered segment (channels out of order, a window's two
+/// runs), basis starts, a bias or accumulation, scattered output columns, B column- or row-major.
+struct Case {
+  Index L, K, N;
+  bool init = false, bias = false, accumulate = false, scatter = false, b_row_major = false;
+};
+
+template <typename S>
+struct Product {
+  Case c;
+  MatrixXf X;                           // L × (K + 8)
+  Eigen::Matrix<S, -1, -1> B;           // K × N, or N × K read transposed
+  std::vector<Index> channels, init, columns;
+  Eigen::VectorXf bias;
+  MatrixXf start;                       // the output's values before (accumulate)
+
+  Product(const Case& cs, const MatrixXf& x, const MatrixXf& b) : c(cs), X(x) {
+    B = (c.b_row_major ? MatrixXf(b.transpose()) : b).template cast<S>();
+    for (Index k = 0; k < c.K; ++k) channels.push_back((k * 5 + 3) % (c.K + 8));  // a permutation of part of X
+    for (Index j = 0; j < c.N; ++j) init.push_back((j * 3) % (c.K + 8)), columns.push_back(2 * j + 1);
+    bias = MatrixXd(bd_test::gaussian(c.N, 1, 7)).cast<float>();
+    start = MatrixXd(bd_test::gaussian(c.L, 2 * c.N + 1, 8)).cast<float>();
+  }
+
+  MatrixXf run(Compute compute, const Blocking& blk = {}, int threads = 0) const {
+    MatrixXf out = start;
+    bd::kernel::GemmArguments<float, S> a;
+    a.rows = c.L, a.x = X.data(), a.ldx = X.rows();
+    a.b = B.data(), a.ldb = B.rows(), a.b_row_major = c.b_row_major;
+    a.out = out.data(), a.ldo = out.rows();
+    a.out_columns = c.scatter ? columns.data() : nullptr;
+    a.init_channels = c.init ? init.data() : nullptr;
+    a.init_values = c.bias ? bias.data() : nullptr;
+    a.accumulate = c.accumulate;
+    a.segments.push_back({channels.data(), c.K, 0, c.N});
+    a.compute = compute;
+    bd::kernel::gemm(a, blk, threads);
+    return out;
+  }
+
+  /// The product of the rounded operands in double, and each output's Σ|x·b| + |start|.
+  void reference(MatrixXd& exact, MatrixXd& magnitude) const {
+    exact = start.cast<double>(), magnitude = MatrixXd::Zero(start.rows(), start.cols());
+    for (Index j = 0; j < c.N; ++j) {
+      const Index col = c.scatter ? columns[std::size_t(j)] : j;
+      for (Index i = 0; i < c.L; ++i) {
+        double s0 = c.accumulate ? double(start(i, col)) : c.init ? double(X(i, init[std::size_t(j)])) : c.bias ? double(bias(j)) : 0.0;
+        double sum = s0, mag = std::abs(s0);
+        for (Index k = 0; k < c.K; ++k) {
+          const double x = bf16_rounded(X(i, channels[std::size_t(k)]));
+          const double b = bf16_rounded(static_cast<float>(c.b_row_major ? B(j, k) : B(k, j)));
+          sum += x * b, mag += std::abs(x * b);
+        }
+        exact(i, col) = sum, magnitude(i, col) = mag;
+      }
+    }
+  }
+};
+
+const Case cases[] = {
+    {1, 37, 19},                                    // one token: the skinny path
+    {3, 64, 70, true},                              // a few: skinny, basis starts
+    {5, 37, 19, false, true},                       // the packed path from here: odd depth, a bias
+    {70, 385, 53, true, false, false, true},        // odd depth over several passes, scattered columns
+    {33, 200, 29, false, false, true, false, true}, // accumulate, B read transposed
+    {129, 96, 130, true},
+};
+
+/// Runs body(method) on every instruction set and, on AVX-512 with AVX512-BF16, with vdpbf16ps
+/// and with FMAs (the tuning's bf16 choice).
+template <typename Body>
+void for_each_bf16_path(Body&& body) {
+  bd_test::for_each_isa([&] {
+    const Isa isa = bd::kernel::active_isa();
+    const bd::kernel::Tuning before = bd::kernel::active_context().tuning;
+    for (Bf16Method method : {Bf16Method::Dot, Bf16Method::Fma}) {
+      bd::kernel::Tuning t = before;
+      t.bf16 = method;
+      bd::kernel::use_tuning(isa, t);
+      if (method == Bf16Method::Dot && bd::kernel::active_context().bf16_method() != Bf16Method::Dot) {
+        if (isa == Isa::AVX512) WARN("vdpbf16ps skipped: this CPU lacks AVX512-BF16");
+        continue;
+      }
+      INFO("bf16 by " << bd::kernel::to_string(method));
+      body();
+    }
+    bd::kernel::use_tuning(isa, before);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("bf16 gemm: small integers give the exact product on every path", "[kernel][bf16]") {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> small(-8, 8);
+  for (const Case& c : cases) {
+    // Products ≤ 64, sums ≤ 64·386 + 8: every partial sum an integer a float holds exactly.
+    MatrixXf x(c.L, c.K + 8), b(c.K, c.N);
+    for (Index i = 0; i < x.size(); ++i) x.data()[i] = float(small(rng));
+    for (Index i = 0; i < b.size(); ++i) b.data()[i] = float(small(rng));
+    Case integer = c;
+    integer.bias = integer.accumulate = false;  // their starts are not integers
+    const Product<float> p(integer, x, b);
+    const Product<Eigen::bfloat16> stored(integer, x, b);
+    MatrixXd exact, magnitude;
+    p.reference(exact, magnitude);
+    INFO(c.L << " × " << c.K << " × " << c.N);
+    for_each_bf16_path([&] {
+      CHECK(p.run(Compute::BF16).cast<double>() == exact);
+      CHECK(stored.run(Compute::BF16).cast<double>() == exact);
+      CHECK(p.run(Compute::BF16, {}, 1).cast<double>() == exact);
+    });
+  }
+}
+
+TEST_CASE("bf16 gemm: the product of the rounded operands within the float sum's bound, the same bits on every path",
+          "[kernel][bf16]") {
+  for (const Case& c : cases) {
+    const MatrixXf x = bd_test::gaussian(c.L, c.K + 8, unsigned(c.K)).cast<float>();
+    const MatrixXf b = bd_test::gaussian(c.K, c.N, unsigned(c.N)).cast<float>();
+    const Product<float> p(c, x, b);
+    const Product<Eigen::bfloat16> stored(c, x, b);
+    MatrixXd exact, magnitude;
+    p.reference(exact, magnitude);
+    const double u = std::ldexp(1.0, -24);
+    INFO(c.L << " × " << c.K << " × " << c.N);
+    std::vector<MatrixXf> packed;  // the packed path's outputs, one per ISA and method
+    for_each_bf16_path([&] {
+      const MatrixXf got = p.run(Compute::BF16);
+      const MatrixXd excess = (got.cast<double>() - exact).cwiseAbs() - (double(c.K) + 1) * u * magnitude;
+      CHECK(excess.maxCoeff<Eigen::PropagateNaN>() <= 0.0);
+      // B stored in bf16 holds the rounded values: the same product.
+      CHECK(stored.run(Compute::BF16) == got);
+      CHECK(p.run(Compute::BF16, {}, 1) == got);
+      // Rounding changes the product: f32 compute differs (a test that cannot tell them apart
+      // would pass a kernel that ignores the request).
+      CHECK(p.run(Compute::F32) != got);
+      if (c.L > bd::kernel::skinny_rows) packed.push_back(got);
+    });
+    for (const MatrixXf& other : packed) CHECK(other == packed.front());
+  }
+}
+
+TEST_CASE("bf16 gemm: no blocking moves a bit (pairs never straddle two passes)", "[kernel][bf16]") {
+  const Case c{70, 385, 53, true};
+  const Product<float> p(c, bd_test::gaussian(70, 393, 11).cast<float>(), bd_test::gaussian(385, 53, 12).cast<float>());
+  for_each_bf16_path([&] {
+    const MatrixXf whole = p.run(Compute::BF16);
+    for (const Blocking& blk : {Blocking{16, 1, 12}, Blocking{32, 7, 24}, Blocking{48, 64, 36}, Blocking{0, 129, 0}})
+      CHECK(p.run(Compute::BF16, blk) == whole);
+  });
+}
+
+TEST_CASE("bf16 gemm: a product that cannot compute in bf16 is refused by name", "[kernel][bf16]") {
+  MatrixXd x = MatrixXd::Ones(8, 4), b = MatrixXd::Ones(4, 3), out(8, 3);
+  std::vector<Index> channels{0, 1, 2, 3};
+  bd::kernel::GemmArguments<double, double> d;
+  d.rows = 8, d.x = x.data(), d.ldx = 8, d.b = b.data(), d.ldb = 4, d.out = out.data(), d.ldo = 8;
+  d.segments.push_back({channels.data(), 4, 0, 3});
+  d.compute = Compute::BF16;
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::gemm(d), bd::RangeError, Contains("this product's arithmetic is f64"));
+  MatrixXf xf = MatrixXf::Ones(8, 4), of(8, 3);
+  Eigen::Matrix<Eigen::half, -1, -1> bh = MatrixXf::Ones(4, 3).cast<Eigen::half>();
+  bd::kernel::GemmArguments<float, Eigen::half> h;
+  h.rows = 8, h.x = xf.data(), h.ldx = 8, h.b = bh.data(), h.ldb = 4, h.out = of.data(), h.ldo = 8;
+  h.segments.push_back({channels.data(), 4, 0, 3});
+  h.compute = Compute::BF16;
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::gemm(h), bd::RangeError, Contains("would round them twice"));
+}
