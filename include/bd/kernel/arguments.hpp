@@ -47,6 +47,9 @@ inline constexpr bd::detail::Named<Compute> compute_names[] = {{Compute::F32, "f
 
 inline const char* to_string(Compute c) { return bd::detail::name_in(compute_names, c); }
 
+/// "f32" or "bf16" (a command's --compute); RangeError naming both otherwise.
+inline Compute parse_compute(std::string_view name) { return bd::detail::parse_in(compute_names, name, "compute type"); }
+
 /// Columns [first_column, first_column + width) of B and of the output that share one list of
 /// X channels as their K dimension (`depth` channels, read in list order against B's rows).
 struct Segment {

@@ -96,10 +96,12 @@ inline const Index* identity_channels(Index n, Workspace& ws) { return ws.local<
 /// thread, is what this replaces). x (rows × depth) and out are column-major in T; w is stored
 /// in S (T, or half / bfloat16, converted while it is packed: no widened copy of a weight),
 /// depth × cols column-major, or with `transposed` its transpose cols × depth read in place.
-/// bias: cols values the accumulators start from, or null. Same threads and workspace as gemm().
+/// bias: cols values the accumulators start from, or null. Same threads and workspace as gemm();
+/// `compute`: f32, or bf16 (arguments.hpp's Compute).
 template <typename T, typename S>
 void linear_into(const T* x, Index ldx, Index rows, Index depth, const S* w, Index ldw, bool transposed, Index cols,
-                 const T* bias, T* out, Index ldo, int threads = 0, Workspace& ws = default_workspace()) {
+                 const T* bias, T* out, Index ldo, int threads = 0, Workspace& ws = default_workspace(),
+                 Compute compute = Compute::F32) {
   if (rows == 0 || cols == 0) return;
   GemmArguments<T, S> args;
   args.rows = rows;
@@ -108,6 +110,7 @@ void linear_into(const T* x, Index ldx, Index rows, Index depth, const S* w, Ind
   args.out = out, args.ldo = ldo;
   args.init_values = bias;
   args.segments.push_back({identity_channels(depth, ws), depth, 0, cols});
+  args.compute = compute;
   gemm(args, {}, threads, ws);
 }
 

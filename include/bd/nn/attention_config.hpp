@@ -17,6 +17,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/nn/compute.hpp"
 #include "bd/base/code_size.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/index.hpp"
@@ -44,6 +45,10 @@ struct AttentionConfig {
   /// > 0: the model masks keys more than this many positions back (Mistral's sliding window).
   /// bd does not implement that mask: a call that would reach past the window is refused.
   Index sliding_window = 0;
+  /// The arithmetic of the layer's projections (compute.hpp): f32, or bf16 — their operands
+  /// rounded once to bfloat16, products summed in f32. Softmax, norms and RoPE stay f32, and so
+  /// does the attention itself (QKᵀ, P·V). Not read from a model's config: set_compute().
+  Compute compute = Compute::F32;
 
   Index value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   Index group() const { return n_q / n_kv; }
@@ -102,6 +107,7 @@ void require_bias(const V& b, Index size, const std::string& name) {
 /// Checks that config and weights describe one consistent layer; names what disagrees.
 template <typename S>
 BD_COLD void validate_attention(const AttentionConfig& c, const AttentionWeights<S>& w) {
+  require_compute<S>(c.compute, "attention");
   if (c.n_q <= 0 || c.n_kv <= 0 || c.n_q % c.n_kv != 0)
     throw RangeError(message("attention heads: n_q = ", c.n_q, ", n_kv = ", c.n_kv,
                              ": expected positive counts with n_q a multiple of n_kv"));

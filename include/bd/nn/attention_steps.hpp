@@ -20,28 +20,29 @@ namespace bd::nn::detail {
 /// y is x.rows() × W.cols(), written, not read.
 template <typename A, typename S>
 void project_into(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b, Eigen::Ref<MatrixA<A>> y,
-                  Workspace& ws) {
+                  Workspace& ws, Compute compute = Compute::F32) {
   if (x.cols() != W.rows())
     throw ShapeError(bd::detail::message("projection: input has ", x.cols(), " columns, the weight ", W.rows(), " rows"));
   const Eigen::Matrix<A, Eigen::Dynamic, 1> bias = b.template cast<A>();
   bd::kernel::linear_into<A, S>(x.data(), x.outerStride(), x.rows(), x.cols(), W.data(), W.outerStride(), false, W.cols(),
-                                b.size() ? bias.data() : nullptr, y.data(), y.outerStride(), 0, ws);
+                                b.size() ? bias.data() : nullptr, y.data(), y.outerStride(), 0, ws, compute);
 }
 
 /// The same, into a new matrix.
 template <typename A, typename S>
-MatrixA<A> project(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b, Workspace& ws) {
+MatrixA<A> project(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b, Workspace& ws,
+                   Compute compute = Compute::F32) {
   MatrixA<A> y(x.rows(), W.cols());
-  project_into<A, S>(x, W, b, y, ws);
+  project_into<A, S>(x, W, b, y, ws, compute);
   return y;
 }
 
 /// The same, into `out` (a layer's scratch, types.hpp).
 template <typename A, typename S>
 Eigen::Map<MatrixA<A>> project_into(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& b,
-                                    ScratchMatrix<A>& out, Workspace& ws) {
+                                    ScratchMatrix<A>& out, Workspace& ws, Compute compute = Compute::F32) {
   Eigen::Map<MatrixA<A>> y = out.take(x.rows(), W.cols());
-  project_into<A, S>(x, W, b, y, ws);
+  project_into<A, S>(x, W, b, y, ws, compute);
   return y;
 }
 
@@ -61,21 +62,21 @@ inline void require_attention_inputs(Index d_q, Index d_kv_in, Index x_cols, Ind
 /// RMSNorm(x·W)·g, or x·W without a gain: the MLA latent and the query LoRA.
 template <typename A, typename S>
 MatrixA<A> normed_projection(const ConstRef<A>& x, const StoredMatrix<S>& W, const StoredVector<S>& gain, double eps,
-                             Workspace& ws) {
-  MatrixA<A> p = project<A, S>(x, W, {}, ws);
+                             Workspace& ws, Compute compute) {
+  MatrixA<A> p = project<A, S>(x, W, {}, ws, compute);
   return gain.size() ? rms_norm<A>(p, gain.template cast<A>(), eps) : p;
 }
 
 /// The latent RMSNorm(x_kv·W_dkv)·g that an MLA layer's keys and values read (W_dkv set).
 template <typename A, typename S>
 MatrixA<A> latent(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_kv, Workspace& ws) {
-  return normed_projection<A, S>(x_kv, w.W_dkv, w.kv_norm, c.norm_eps, ws);
+  return normed_projection<A, S>(x_kv, w.W_dkv, w.kv_norm, c.norm_eps, ws, c.compute);
 }
 
 /// The query LoRA's RMSNorm(x·W_qa)·g_q (W_qa set).
 template <typename A, typename S>
 MatrixA<A> lora_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x, Workspace& ws) {
-  return normed_projection<A, S>(x, w.W_qa, w.q_norm, c.norm_eps, ws);
+  return normed_projection<A, S>(x, w.W_qa, w.q_norm, c.norm_eps, ws, c.compute);
 }
 
 /// Width of the query input x: W_qa's rows with a query LoRA, else Wq's.
@@ -89,7 +90,7 @@ template <typename A, typename S>
 MatrixA<A> rope_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& x_kv, Index first_position,
                      Workspace& ws) {
   if (c.rope_dim == 0) return MatrixA<A>(x_kv.rows(), 0);
-  MatrixA<A> kr = project<A, S>(x_kv, w.Wk_rope, {}, ws);
+  MatrixA<A> kr = project<A, S>(x_kv, w.Wk_rope, {}, ws, c.compute);
   apply_rope(kr, 1, c.rope_dim, c.rope_dim_theta, c.rope_scaling, first_position);
   return kr;
 }
@@ -100,7 +101,7 @@ template <typename A, typename S>
 Eigen::Map<MatrixA<A>> rope_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq,
                                     Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
   if (c.rope_dim == 0) return out.take(xq.rows(), 0);
-  Eigen::Map<MatrixA<A>> qr = project_into<A, S>(xq, w.Wq_rope, {}, out, ws);
+  Eigen::Map<MatrixA<A>> qr = project_into<A, S>(xq, w.Wq_rope, {}, out, ws, c.compute);
   apply_rope(qr, c.n_q, c.rope_dim, c.rope_dim_theta, c.rope_scaling, first_position);
   return qr;
 }

@@ -113,6 +113,15 @@ public:
 
   const AttentionConfig& config() const { return config_; }
   Mode mode() const { return mode_; }
+
+  /// The arithmetic of the layer's projections (compute.hpp): f32, or bf16 (K'/V' from z[R]·C in
+  /// bf16, z[S] added in f32). RangeError where the stored type cannot honour bf16 (f64, f16).
+  BDAttention& set_compute(Compute compute) {
+    detail::require_compute<S>(compute, "BDAttention");
+    config_.compute = cost_.compute = compute;
+    return *this;
+  }
+  Compute compute() const { return config_.compute; }
   const CostComparison& cost() const { return cost_; }
   /// Per key/value group (K'/V' with n_kv heads, the dense cache) or per query head.
   Windows windows() const { return windows_; }
@@ -182,7 +191,7 @@ private:
   using View = Eigen::Map<Matrix>;
   View queries(const Input& xq, Index first, Scratch& out, Workspace& ws) const {
     if (!has_qk(mode_)) return detail::dense_queries<A>(config_, dense_, xq, first, out, ws);
-    View Q = detail::project_into<A, S>(xq, Bq_, beta_, out, ws);  // Q' = x·B + β
+    View Q = detail::project_into<A, S>(xq, Bq_, beta_, out, ws, config_.compute);  // Q' = x·B + β
     if (config_.rope_theta > 0) apply_rope(Q, config_.n_q, config_.head_dim, config_.rope_theta, config_.rope_scaling, first);  // forced
     return Q;
   }
@@ -190,21 +199,21 @@ private:
   View keys(const Input& z, Index first, Scratch& out, Workspace& ws) const {
     if (!has_qk(mode_)) return detail::dense_keys<A>(config_, dense_, z, first, out, ws);
     View K = out.take(z.rows(), qk_idx_.heads() * qk_idx_.head_dim);
-    bd_project_into<A>(z, qk_idx_, Ck_, K, {}, ws);  // K'_h = z[S_h] + z[R_h]·C_hᵀ, h a head of K'
+    bd_project_into<A>(z, qk_idx_, Ck_, K, {}, ws, config_.compute);  // K'_h = z[S_h] + z[R_h]·C_hᵀ, h a head of K'
     if (config_.rope_theta > 0) apply_rope(K, qk_idx_.heads(), config_.head_dim, config_.rope_theta, config_.rope_scaling, first);  // forced
     return K;
   }
 
   View values(const Input& z, Scratch& out, Workspace& ws) const {
-    if (!has_vo(mode_)) return detail::dense_values<A>(dense_, z, out, ws);
+    if (!has_vo(mode_)) return detail::dense_values<A>(config_, dense_, z, out, ws);
     View V = out.take(z.rows(), vo_idx_.heads() * vo_idx_.head_dim);
-    bd_project_into<A>(z, vo_idx_, Cv_, V, {}, ws);  // V'_h = z[S_h] + z[R_h]·C_h
+    bd_project_into<A>(z, vo_idx_, Cv_, V, {}, ws, config_.compute);  // V'_h = z[S_h] + z[R_h]·C_h
     return V;
   }
 
   Matrix output(const Input& O, Workspace& ws) const {
-    if (!has_vo(mode_)) return detail::dense_output<A>(dense_, O, ws);
-    return detail::project<A, S>(O, Bo_, bo_, ws);  // y = O'·B_vo + bo'
+    if (!has_vo(mode_)) return detail::dense_output<A>(config_, dense_, O, ws);
+    return detail::project<A, S>(O, Bo_, bo_, ws, config_.compute);  // y = O'·B_vo + bo'
   }
 
   // Backward (attention_layer.hpp), gradients in trainable()'s order. The four parts
@@ -260,7 +269,7 @@ private:
   // adjoint, the outputs through the projection itself, each head reading its own latent block.
   Matrix absorb_queries(const Input& Q, Workspace& ws) const {
     if (!has_qk(mode_)) return detail::dense_absorb_queries<A>(config_, dense_, Q, ws);
-    return bd_adjoint_heads<A, S>(Q, config_.n_q, qk_idx_, Ck_, ws);
+    return bd_adjoint_heads<A, S>(Q, config_.n_q, qk_idx_, Ck_, ws, config_.compute);
   }
 
   Matrix absorb_values(const Input& Ot, Workspace& ws) const {
@@ -269,7 +278,7 @@ private:
       throw RefusedError("BDAttention: absorbed decoding over a latent with VO windows per key/value group of several query heads "
                          "is not implemented (MLA has one query head per latent head)");
     Matrix O(Ot.rows(), config_.n_q * config_.value_dim());
-    bd_project_heads_into<A, S>(Ot, vo_idx_, Cv_, O, {}, ws);
+    bd_project_heads_into<A, S>(Ot, vo_idx_, Cv_, O, {}, ws, config_.compute);
     return O;
   }
 

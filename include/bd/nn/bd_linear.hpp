@@ -75,6 +75,16 @@ public:
   Index parameters() const { return decomposition_.parameters(); }
   const StoredVector& bias() const { return bias_; }
 
+  /// The arithmetic of forward (compute.hpp): f32, or bf16 (x·B and h·C with their operands
+  /// rounded once; h itself kept in f32 in y[:, S]). RangeError where the stored type cannot
+  /// honour bf16 (f64, f16). backward computes in f32.
+  BDLinear& set_compute(Compute compute) {
+    detail::require_compute<S>(compute, "BDLinear");
+    compute_ = compute;
+    return *this;
+  }
+  Compute compute() const { return compute_; }
+
   /// y = x·W + b (L × d_out).
   Matrix forward(const ConstRef<A>& x, Workspace& ws = default_workspace()) const {
     Matrix y(x.rows(), output_dim());
@@ -102,6 +112,7 @@ public:
     first.out = y.data(), first.ldo = y.outerStride();
     first.out_columns = S_idx.data();
     first.segments.push_back({inputs_.data(), input_dim(), 0, r});
+    first.compute = compute_;
     bd::kernel::gemm(first, {}, 0, ws);
     bd::kernel::GemmArguments<A, S> second;  // y[:, R] = h·C + b_R, h read from y[:, S]
     second.rows = L;
@@ -113,6 +124,7 @@ public:
     if (bias_.size()) bias_rest = bias_(rest_).template cast<A>();
     second.init_values = bias_.size() ? bias_rest.data() : nullptr;
     second.segments.push_back({S_idx.data(), r, 0, output_dim() - r});
+    second.compute = compute_;
     bd::kernel::gemm(second, {}, 0, ws);
     if (bias_.size())
       for (Index k = 0; k < r; ++k) {
@@ -166,6 +178,7 @@ private:
   std::vector<Index> rest_, inputs_;  // R; 0..d_in−1
   StoredVector bias_;
   double truncation_nmse_ = 0;
+  Compute compute_ = Compute::F32;
 };
 
 }  // namespace bd::nn

@@ -59,13 +59,15 @@ struct CostComparison {
   AttentionCost dense, bd;
   Mode mode = Mode::QKVO;
   Windows windows = Windows::PerGroup;
+  Compute compute = Compute::F32;  ///< the projections' arithmetic (the counts are the same in either)
   bool slower() const { return bd.flops() > dense.flops(); }
   bool larger_cache() const { return bd.cache_elements > dense.cache_elements; }
   bool worthwhile() const { return !slower() && !larger_cache(); }
   double speedup() const { return dense.flops() / bd.flops(); }
 
   std::string describe() const {
-    return bd::detail::message("BD ", to_string(mode), " (", to_string(windows), " windows): ", bd.flops(), " FLOPs/token against ", dense.flops(),
+    return bd::detail::message("BD ", to_string(mode), " (", to_string(windows), " windows, ", to_string(compute),
+                               " compute): ", bd.flops(), " FLOPs/token against ", dense.flops(),
                                " dense (", speedup(), "x), ", bd.parameters, " parameters against ", dense.parameters,
                                ", KV cache ", bd.cache_elements, " values/token against ", dense.cache_elements);
   }
@@ -102,7 +104,7 @@ inline CostComparison attention_cost(const AttentionShape& s, Mode mode, Windows
     bd.parameters += double(s.d_kv - c.value_dim()) * heads * dv - double(s.d_kv) * nkv * dv;
     bd.cache_elements += (heads - nkv) * dv;
   }
-  return {dense, bd, mode, windows};
+  return {dense, bd, mode, windows, c.compute};
 }
 
 /// MLA served from the latent cache: per decoded token (absorbed) and per prefill token, the

@@ -12,6 +12,7 @@
 
 #include <Eigen/Core>
 
+#include "bd/nn/compute.hpp"
 #include "bd/base/error.hpp"
 #include "bd/core/scalar.hpp"
 #include "bd/core/validate.hpp"
@@ -84,6 +85,15 @@ public:
 
   const Stored& weight() const { return W_; }
   const StoredVector& bias() const { return bias_; }
+
+  /// The arithmetic of forward (compute.hpp): f32, or bf16. RangeError where the stored type
+  /// cannot honour bf16 (f64, f16).
+  DenseLinear& set_compute(Compute compute) {
+    detail::require_compute<S>(compute, "DenseLinear");
+    compute_ = compute;
+    return *this;
+  }
+  Compute compute() const { return compute_; }
   Index input_dim() const { return W_.rows(); }
   Index output_dim() const { return W_.cols(); }
   Index parameters() const { return W_.size(); }
@@ -99,7 +109,7 @@ public:
     detail::require_linear_call("DenseLinear", input_dim(), output_dim(), x.rows(), x.cols(), y.rows(), y.cols());
     Eigen::Matrix<A, Eigen::Dynamic, 1> buffer;
     bd::kernel::linear_into<A, S>(x.data(), x.outerStride(), x.rows(), x.cols(), W_.data(), W_.outerStride(), false,
-                                  output_dim(), detail::bias_in(bias_, buffer), y.data(), y.outerStride(), 0, ws);
+                                  output_dim(), detail::bias_in(bias_, buffer), y.data(), y.outerStride(), 0, ws, compute_);
   }
 
   /// "weight" (d_in × d_out), then "bias" when there is one.
@@ -126,6 +136,7 @@ public:
 private:
   Stored W_;
   StoredVector bias_;
+  Compute compute_ = Compute::F32;
 };
 
 }  // namespace bd::nn

@@ -27,7 +27,7 @@ namespace bd::nn::detail {
 template <typename A, typename S>
 Eigen::Map<MatrixA<A>> dense_queries(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& xq,
                                      Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
-  Eigen::Map<MatrixA<A>> Q = project_into<A, S>(xq, w.Wq, w.bq, out, ws);
+  Eigen::Map<MatrixA<A>> Q = project_into<A, S>(xq, w.Wq, w.bq, out, ws, c.compute);
   if (c.rope_theta > 0) apply_rope(Q, c.n_q, c.head_dim, c.rope_theta, c.rope_scaling, first_position);
   return Q;
 }
@@ -35,19 +35,20 @@ Eigen::Map<MatrixA<A>> dense_queries(const AttentionConfig& c, const AttentionWe
 template <typename A, typename S>
 Eigen::Map<MatrixA<A>> dense_keys(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& z,
                                   Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
-  Eigen::Map<MatrixA<A>> K = project_into<A, S>(z, w.Wk, w.bk, out, ws);
+  Eigen::Map<MatrixA<A>> K = project_into<A, S>(z, w.Wk, w.bk, out, ws, c.compute);
   if (c.rope_theta > 0) apply_rope(K, c.n_kv, c.head_dim, c.rope_theta, c.rope_scaling, first_position);
   return K;
 }
 
 template <typename A, typename S>
-Eigen::Map<MatrixA<A>> dense_values(const AttentionWeights<S>& w, const ConstRef<A>& z, ScratchMatrix<A>& out, Workspace& ws) {
-  return project_into<A, S>(z, w.Wv, w.bv, out, ws);
+Eigen::Map<MatrixA<A>> dense_values(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& z,
+                                    ScratchMatrix<A>& out, Workspace& ws) {
+  return project_into<A, S>(z, w.Wv, w.bv, out, ws, c.compute);
 }
 
 template <typename A, typename S>
-MatrixA<A> dense_output(const AttentionWeights<S>& w, const ConstRef<A>& O, Workspace& ws) {
-  return project<A, S>(O, w.Wo, w.bo, ws);
+MatrixA<A> dense_output(const AttentionConfig& c, const AttentionWeights<S>& w, const ConstRef<A>& O, Workspace& ws) {
+  return project<A, S>(O, w.Wo, w.bo, ws, c.compute);
 }
 
 /// The backward of Y = x·W (+ b): writes ∂W (and ∂b into *db when there is a bias), returns ∂x.
@@ -78,7 +79,7 @@ MatrixA<A> dense_absorb_queries(const AttentionConfig& c, const AttentionWeights
         const Index g = h / c.group();
         bd::kernel::linear_into<A, S>(Q.data() + h * dh * Q.outerStride(), Q.outerStride(), L, dh,
                                       w.Wk.data() + g * dh * w.Wk.outerStride(),
-                                      w.Wk.outerStride(), true, dc, nullptr, Qt.data() + h * dc * L, L, 0, ws);
+                                      w.Wk.outerStride(), true, dc, nullptr, Qt.data() + h * dc * L, L, 0, ws, c.compute);
       },
       bd::kernel::heads_across_threads(L));
   return Qt;
@@ -98,7 +99,7 @@ MatrixA<A> dense_absorb_values(const AttentionConfig& c, const AttentionWeights<
         bd::kernel::linear_into<A, S>(Ot.data() + h * dc * Ot.outerStride(), Ot.outerStride(), L, dc,
                                       w.Wv.data() + g * dv * w.Wv.outerStride(),
                                       w.Wv.outerStride(), false, dv, w.bv.size() ? bias.data() + g * dv : nullptr,
-                                      O.data() + h * dv * L, L, 0, ws);
+                                      O.data() + h * dv * L, L, 0, ws, c.compute);
       },
       bd::kernel::heads_across_threads(L));
   return O;

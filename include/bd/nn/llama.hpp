@@ -89,6 +89,20 @@ public:
     return run(tokens, &cache, ws);
   }
 
+  /// The arithmetic of every projection (compute.hpp): each layer's attention and MLP and the
+  /// head. RangeError where the stored type cannot honour bf16 (f64, f16). Models made from this
+  /// one (cast, with_bd_attention, with_bd_linear) compute as it does.
+  LlamaModel& set_compute(Compute compute) {
+    detail::require_compute<S>(compute, "LlamaModel");
+    for (Layer& l : layers) {
+      l.attention.set_compute(compute);
+      for (Linear* linear : {&l.gate, &l.up, &l.down}) linear->set_compute(compute);
+    }
+    compute_ = compute;
+    return *this;
+  }
+  Compute compute() const { return compute_; }
+
   /// Parameters of the decoder layers (attention and MLP; no norms, embedding or head).
   Index layer_parameters() const {
     Index n = 0;
@@ -153,8 +167,11 @@ private:
     for (const Layer& l : layers)
       out.layers.push_back({round_stored<T>(l.attn_norm), round_stored<T>(l.mlp_norm), make(l.attention), linear(l.gate),
                             linear(l.up), linear(l.down)});
+    out.set_compute(compute_);
     return out;
   }
+
+  Compute compute_ = Compute::F32;
 };
 
 // run(), defined out of the class so that bd::compiled can hold it (a member defined in its class
@@ -186,7 +203,7 @@ auto LlamaModel<S, Attention, Linear>::run(const std::vector<int>& tokens, Cache
     gate = (gate.array() / (A(1) + (-gate.array()).exp()) * up.array()).matrix();  // silu(g)·u
     h += layer.down.forward(gate, ws);
   }
-  return detail::project<A, S>(norm(h, final_norm), lm_head, {}, ws);
+  return detail::project<A, S>(norm(h, final_norm), lm_head, {}, ws, compute_);
 }
 
 #define BD_LLAMA_MODEL_RUN(prefix, S, Attention)                                                                       \

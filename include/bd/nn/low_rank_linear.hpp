@@ -55,6 +55,15 @@ public:
   Index rank() const { return U_.cols(); }
   Index parameters() const { return U_.size() + Vt_.size(); }
 
+  /// The arithmetic of forward (compute.hpp): f32, or bf16 (both products). RangeError where the
+  /// stored type cannot honour bf16 (f64, f16). backward computes in f32.
+  LowRankLinear& set_compute(Compute compute) {
+    detail::require_compute<S>(compute, "LowRankLinear");
+    compute_ = compute;
+    return *this;
+  }
+  Compute compute() const { return compute_; }
+
   Matrix forward(const ConstRef<A>& x, Workspace& ws = default_workspace()) const {
     Matrix y(x.rows(), output_dim());
     forward_into(x, y, ws);
@@ -64,10 +73,10 @@ public:
   /// y = (x·U)·Vᵀ + b into a caller's L × d_out matrix.
   void forward_into(const ConstRef<A>& x, Eigen::Ref<Matrix> y, Workspace& ws = default_workspace()) const {
     detail::require_linear_call("LowRankLinear", input_dim(), output_dim(), x.rows(), x.cols(), y.rows(), y.cols());
-    const Matrix h = hidden(x, ws);
+    const Matrix h = hidden(x, ws, compute_);
     Eigen::Matrix<A, Eigen::Dynamic, 1> buffer;
     bd::kernel::linear_into<A, S>(h.data(), h.outerStride(), h.rows(), rank(), Vt_.data(), Vt_.outerStride(), false,
-                                  output_dim(), detail::bias_in(bias_, buffer), y.data(), y.outerStride(), 0, ws);
+                                  output_dim(), detail::bias_in(bias_, buffer), y.data(), y.outerStride(), 0, ws, compute_);
   }
 
   /// "U" (d_in × r), "Vt" (r × d_out), then "bias" when there is one.
@@ -84,7 +93,7 @@ public:
   Gradients<A> backward(const ConstRef<A>& x, const ConstRef<A>& dy, Workspace& ws = default_workspace()) const {
     detail::require_trainable<S, A>();
     detail::require_linear_call("LowRankLinear::backward", input_dim(), output_dim(), x.rows(), x.cols(), dy.rows(), dy.cols());
-    const Matrix h = hidden(x, ws);
+    const Matrix h = hidden(x, ws, Compute::F32);
     const Matrix dh = detail::product(dy, Vt_.transpose(), ws);
     Gradients<A> g;
     g.input = detail::product(dh, U_.transpose(), ws);
@@ -95,15 +104,16 @@ public:
   }
 
 private:
-  Matrix hidden(const ConstRef<A>& x, Workspace& ws) const {
+  Matrix hidden(const ConstRef<A>& x, Workspace& ws, Compute compute) const {
     Matrix h(x.rows(), rank());
     bd::kernel::linear_into<A, S>(x.data(), x.outerStride(), x.rows(), input_dim(), U_.data(), U_.outerStride(), false, rank(),
-                                  nullptr, h.data(), h.outerStride(), 0, ws);
+                                  nullptr, h.data(), h.outerStride(), 0, ws, compute);
     return h;
   }
 
   Stored U_, Vt_;
   StoredVector bias_;
+  Compute compute_ = Compute::F32;
 };
 
 }  // namespace bd::nn

@@ -54,6 +54,15 @@ public:
 
   const AttentionConfig& config() const { return config_; }
   const AttentionWeights<S>& weights() const { return weights_; }
+
+  /// The arithmetic of the layer's projections (compute.hpp): f32, or bf16. RangeError where the
+  /// stored type cannot honour bf16 (f64, f16).
+  MultiHeadAttention& set_compute(Compute compute) {
+    detail::require_compute<S>(compute, "MultiHeadAttention");
+    config_.compute = compute;
+    return *this;
+  }
+  Compute compute() const { return config_.compute; }
   Index input_dim() const { return detail::query_input_dim(weights_); }
   Index kv_input_dim() const { return weights_.W_dkv.size() ? weights_.W_dkv.rows() : weights_.Wk.rows(); }
   Index output_dim() const { return weights_.Wo.cols(); }
@@ -92,8 +101,10 @@ private:
   View keys(const Input& z, Index first, Scratch& out, Workspace& ws) const {
     return detail::dense_keys<A>(config_, weights_, z, first, out, ws);
   }
-  View values(const Input& z, Scratch& out, Workspace& ws) const { return detail::dense_values<A>(weights_, z, out, ws); }
-  Matrix output(const Input& O, Workspace& ws) const { return detail::dense_output<A>(weights_, O, ws); }
+  View values(const Input& z, Scratch& out, Workspace& ws) const {
+    return detail::dense_values<A>(config_, weights_, z, out, ws);
+  }
+  Matrix output(const Input& O, Workspace& ws) const { return detail::dense_output<A>(config_, weights_, O, ws); }
   Matrix absorb_queries(const Input& Q, Workspace& ws) const { return detail::dense_absorb_queries<A>(config_, weights_, Q, ws); }
   Matrix absorb_values(const Input& Ot, Workspace& ws) const { return detail::dense_absorb_values<A>(config_, weights_, Ot, ws); }
   const AttentionShape& layer_shape() const { return shape_; }

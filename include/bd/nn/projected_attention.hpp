@@ -39,6 +39,7 @@ public:
   ProjectedAttention(AttentionConfig config, Linear q, Linear k, Linear v, Linear o)
       : config_(std::move(config)), q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), o_(std::move(o)) {
     using bd::detail::message;
+    set_compute(config_.compute);  // the config's choice reaches the projections (and is checked)
     const AttentionConfig& c = config_;
     if (c.n_q <= 0 || c.n_kv <= 0 || c.n_q % c.n_kv != 0 || c.head_dim <= 0)
       throw RangeError(message("ProjectedAttention: n_q = ", c.n_q, ", n_kv = ", c.n_kv, ", head_dim = ", c.head_dim,
@@ -58,6 +59,15 @@ public:
   }
 
   const AttentionConfig& config() const { return config_; }
+
+  /// The arithmetic of the four projections (compute.hpp), set on each of them; RangeError
+  /// where the stored type cannot honour bf16 (f64, f16).
+  ProjectedAttention& set_compute(Compute compute) {
+    for (Linear* linear : {&q_, &k_, &v_, &o_}) linear->set_compute(compute);
+    config_.compute = compute;
+    return *this;
+  }
+  Compute compute() const { return config_.compute; }
   const Linear& q() const { return q_; }
   const Linear& k() const { return k_; }
   const Linear& v() const { return v_; }

@@ -102,7 +102,8 @@ struct ProjectionScratch {
 /// (absorbed decoding's per-head latent outputs).
 template <typename A, typename S>
 void bd_project_into(const ConstRef<A>& z, Index step, const HeadIndices& idx, const StoredMatrix<S>& C,
-                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking, Workspace& ws) {
+                     Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking, Workspace& ws,
+                     bd::kernel::Compute compute) {
   const Index d = idx.head_dim, n = idx.heads(), d_in = idx.input_dim, r = d_in - d;
   const Index z_cols = step ? n * step : d_in;
   if (z.cols() != z_cols || C.rows() != r || C.cols() != n * d || out.rows() != z.rows() || out.cols() != n * d)
@@ -142,17 +143,19 @@ void bd_project_into(const ConstRef<A>& z, Index step, const HeadIndices& idx, c
       segments[h] = {step ? channels + h * r : idx.rest[static_cast<std::size_t>(h)].data(), r, h * d, d};
     args.segments.view(segments, static_cast<std::size_t>(n));
   }
+  args.compute = compute;
   bd::kernel::gemm(args, blocking, 0, ws);
 }
 }  // namespace detail
 
 /// out (L × n·d) = [z[:, S_h] + z[:, R_h]·C_h]_h, fused and blocked (see the file comment).
 /// Runs on omp_get_max_threads() threads (OMP_NUM_THREADS), one inside a parallel region.
+/// `compute` bf16: z[:, R_h] and C rounded to bfloat16 as they are packed, z[:, S_h] added as it is.
 template <typename A, typename S>
 void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
                      Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {},
-                     Workspace& ws = default_workspace()) {
-  detail::bd_project_into<A, S>(z, 0, idx, C, out, blocking, ws);
+                     Workspace& ws = default_workspace(), bd::kernel::Compute compute = bd::kernel::Compute::F32) {
+  detail::bd_project_into<A, S>(z, 0, idx, C, out, blocking, ws, compute);
 }
 
 /// The same with an input per head: z is L × n·d_in and head h reads its own block
@@ -161,8 +164,8 @@ void bd_project_into(const ConstRef<A>& z, const HeadIndices& idx, const StoredM
 template <typename A, typename S>
 void bd_project_heads_into(const ConstRef<A>& z, const HeadIndices& idx, const StoredMatrix<S>& C,
                            Eigen::Ref<MatrixA<A>> out, const bd::kernel::Blocking& blocking = {},
-                           Workspace& ws = default_workspace()) {
-  detail::bd_project_into<A, S>(z, idx.input_dim, idx, C, out, blocking, ws);
+                           Workspace& ws = default_workspace(), bd::kernel::Compute compute = bd::kernel::Compute::F32) {
+  detail::bd_project_into<A, S>(z, idx.input_dim, idx, C, out, blocking, ws, compute);
 }
 
 /// The adjoint per head, out_h (L × d_in) with out_h[:, S_h] = q_h and out_h[:, R_h] = q_h·C_hᵀ
@@ -172,7 +175,7 @@ void bd_project_heads_into(const ConstRef<A>& z, const HeadIndices& idx, const S
 /// columns written to R_h's places.
 template <typename A, typename S>
 MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& idx, const StoredMatrix<S>& C,
-                            Workspace& ws = default_workspace()) {
+                            Workspace& ws = default_workspace(), bd::kernel::Compute compute = bd::kernel::Compute::F32) {
   const Index L = q.rows(), d = idx.head_dim, d_in = idx.input_dim, per = n_q / idx.heads();
   if (q.cols() != n_q * d || n_q % idx.heads() || C.rows() != d_in - d || C.cols() != idx.heads() * d)
     throw ShapeError(bd::detail::message("bd_adjoint_heads: q is ", L, "x", q.cols(), " and C ", C.rows(), "x", C.cols(),
@@ -200,6 +203,7 @@ MatrixA<A> bd_adjoint_heads(const ConstRef<A>& q, Index n_q, const HeadIndices& 
         args.b = C.data() + k * d * C.outerStride(), args.ldb = C.outerStride(), args.b_row_major = true;
         args.out = out.data(), args.ldo = out.outerStride(), args.out_columns = columns.data() + h * r;
         args.segments.push_back({channels + h * d, d, 0, r});
+        args.compute = compute;
         bd::kernel::gemm(args, {}, 0, ws);
       },
       bd::kernel::heads_across_threads(L));
