@@ -1,12 +1,14 @@
 // Evaluates BD attention on a real Hugging Face LLaMA checkpoint: the paper's perplexity table.
 //
-//   eval_llama MODEL_DIR [--mode vo|qk|qkvo] [--dtype f64|f32|f16|bf16]
+//   eval_llama MODEL_DIR [--mode vo|qk|qkvo] [--dtype f64|f32|f16|bf16] [--compute f32|bf16]
 //              [--basis first|last|residual-min|offset-search|pivoted|auto] [--windows per-group|per-head]
 //              [--force] [--table]
 //              [--max-logit-error E]
 //
 // Runs the dense model in fp32 (L_exact), the dense model and the BD model with every weight
-// stored in the chosen type, and prints a table and, as its last line, one JSON object. BD is
+// stored in the chosen type and computing in the chosen arithmetic (bf16: every projection's
+// operands rounded once to bfloat16; f16 storage refuses it), and prints a table and, as its
+// last line, one JSON object. BD is
 // evaluated even where the cost model advises against it; the verdict is printed. --table
 // runs every dtype × basis for the mode and prints a markdown table instead.
 //
@@ -33,6 +35,7 @@ using bd::nn::BDAttentionOptions;
 struct Args {
   std::string dir, basis = "auto", windows = "per-group";
   bd::Storage storage = bd::Storage::F32;
+  bd::kernel::Compute compute = bd::kernel::Compute::F32;
   bd::nn::Mode mode = bd::nn::Mode::VO;
   bool force = false, table = false;
   double max_logit_error = -1;  ///< < 0: report only
@@ -52,13 +55,15 @@ struct Reference {
 
 template <typename S>
 Result evaluate(const bd::nn::LlamaModel<float>& model, const std::vector<int>& tokens, const Eigen::MatrixXf& exact,
-                const BDAttentionOptions& opts) {
+                const BDAttentionOptions& opts, bd::kernel::Compute compute) {
   Result r;
-  const auto dense = model.cast<S>();
+  auto dense = model.cast<S>();
+  dense.set_compute(compute);
   const Eigen::MatrixXf dense_logits = dense.logits(tokens).template cast<float>();
   r.dense_ppl = bd::nn::perplexity(dense_logits, tokens);
   r.dense_err = bd::nn::logit_relative_error(dense_logits, exact);
-  const auto bd_model = model.with_bd_attention<S>(opts);
+  auto bd_model = model.with_bd_attention<S>(opts);
+  bd_model.set_compute(compute);
   const Eigen::MatrixXf bd_logits = bd_model.logits(tokens).template cast<float>();
   r.bd_ppl = bd::nn::perplexity(bd_logits, tokens);
   r.bd_err = bd::nn::logit_relative_error(bd_logits, exact);
@@ -87,7 +92,8 @@ Result run(const Args& a, const bd::nn::LlamaModel<float>& model, const std::vec
   opts.decomposition.basis = bd::parse_basis(a.basis);
   opts.windows = bd::nn::parse_windows(a.windows);
   opts.decomposition.align = model.config.head_dim;
-  return bd::dispatch(a.storage, [&](auto t) { return evaluate<typename decltype(t)::type>(model, tokens, exact, opts); });
+  return bd::dispatch(a.storage,
+                      [&](auto t) { return evaluate<typename decltype(t)::type>(model, tokens, exact, opts, a.compute); });
 }
 
 std::vector<int> reference_tokens(const std::string& dir, Reference& ref, Eigen::Index vocab) {
@@ -106,8 +112,9 @@ std::vector<int> reference_tokens(const std::string& dir, Reference& ref, Eigen:
 
 /// A BD checkpoint as bd-convert stored it: perplexity, and the logits against the reference.
 template <typename S>
-int evaluate_converted(const std::string& dir, double max_logit_error) {
-  const auto model = bd::io::load_bd_llama<S>(dir);
+int evaluate_converted(const std::string& dir, double max_logit_error, bd::kernel::Compute compute) {
+  auto model = bd::io::load_bd_llama<S>(dir);
+  model.set_compute(compute);
   Reference ref;
   const std::vector<int> tokens = reference_tokens(dir, ref, model.config.vocab);
   const Eigen::MatrixXf logits = model.logits(tokens).template cast<float>();
@@ -139,7 +146,7 @@ int evaluate_converted(const std::string& dir, double max_logit_error) {
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s MODEL_DIR [--mode vo|qk|qkvo] [--dtype f64|f32|f16|bf16]\n"
+               "usage: %s MODEL_DIR [--mode vo|qk|qkvo] [--dtype f64|f32|f16|bf16] [--compute f32|bf16]\n"
                "       [--basis first|last|residual-min|offset-search|pivoted|auto] [--windows per-group|per-head]\n"
                "       [--force] [--table]\n"
                "       [--max-logit-error E]   (a converted checkpoint: exit 1 above E)\n",
@@ -157,6 +164,7 @@ int main(int argc, char** argv) {
       const bool value = i + 1 < argc;
       if (arg == "--mode" && value) a.mode = bd::nn::parse_mode(argv[++i]);
       else if (arg == "--dtype" && value) a.storage = bd::parse_storage(argv[++i]);
+      else if (arg == "--compute" && value) a.compute = bd::kernel::parse_compute(argv[++i]);
       else if (arg == "--basis" && value) a.basis = argv[++i];
       else if (arg == "--windows" && value) a.windows = argv[++i];
       else if (arg == "--force") a.force = true;
@@ -178,7 +186,9 @@ int main(int argc, char** argv) {
   try {
     if (bd::io::is_bd_checkpoint(a.dir)) {
       const bd::Storage stored = bd::io::recorded_options(bd::io::ModelFolder::open(a.dir)).storage;
-      return bd::dispatch(stored, [&](auto t) { return evaluate_converted<typename decltype(t)::type>(a.dir, a.max_logit_error); });
+      return bd::dispatch(stored, [&](auto t) {
+        return evaluate_converted<typename decltype(t)::type>(a.dir, a.max_logit_error, a.compute);
+      });
     }
     const auto model = bd::io::load_llama<float>(a.dir);
     Reference ref;
@@ -214,16 +224,19 @@ int main(int argc, char** argv) {
     std::printf("basis: %s\n\n", r.basis_note.c_str());
     std::printf("%-30s %12s %18s\n", "model", "perplexity", "logit rel. error");
     std::printf("%-30s %12.6f %18s\n", "dense fp32 (L_exact)", bd::nn::perplexity(exact, tokens), "0");
-    std::printf("%-30s %12.6f %18.3g\n", (std::string("dense ") + bd::to_string(a.storage)).c_str(), r.dense_ppl, r.dense_err);
+    const std::string in_type = std::string(bd::to_string(a.storage)) +
+                                (a.compute == bd::kernel::Compute::BF16 ? ", bf16 compute" : "");
+    std::printf("%-30s %12.6f %18.3g\n", ("dense " + in_type).c_str(), r.dense_ppl, r.dense_err);
     std::printf("%-30s %12.6f %18.3g   (mean product NMSE %.3g)\n",
-                ("BD " + std::string(bd::nn::to_string(a.mode)) + " " + bd::to_string(a.storage) + " " + a.basis).c_str(), r.bd_ppl,
-                r.bd_err, r.bd_nmse);
+                ("BD " + std::string(bd::nn::to_string(a.mode)) + " " + in_type + " " + a.basis).c_str(), r.bd_ppl, r.bd_err,
+                r.bd_nmse);
     nlohmann::ordered_json out;
     out["reference_max_abs_diff"] = ref.present ? nlohmann::json(reference_diff) : nlohmann::json(nullptr);
     out["dense_ppl"] = r.dense_ppl;
     out["bd_ppl"] = r.bd_ppl;
     out["dense_logit_rel_err"] = r.dense_err;
     out["bd_logit_rel_err"] = r.bd_err;
+    out["compute"] = bd::kernel::to_string(a.compute);
     std::printf("%s\n", out.dump().c_str());
   } catch (const bd::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

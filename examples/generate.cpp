@@ -1,11 +1,13 @@
 // A real model writing text, dense and BD side by side: loads a LLaMA-family folder with
 // llama2.c's tokenizer (by default the stories260K that ships with bd), prepares BD on the chosen
 // products in memory, and generates greedily from a prompt with the KV cache — the dense model in
-// fp32, the BD model stored in the chosen type. Prints both texts, whether their token ids agree,
-// tokens/s of each, and the perplexity of each on a short text; the last line is JSON.
+// fp32, the BD model stored in the chosen type, both computing in the chosen arithmetic (f32, or
+// bf16: every projection's operands rounded once to bfloat16). Prints both texts, whether their
+// token ids agree, tokens/s of each, and the perplexity of each on a short text; the last line is
+// JSON.
 //
-//   generate [MODEL_DIR] [--prompt TEXT] [--tokens N] [--dtype f32|f16|bf16] [--mode vo|qk|qkvo]
-//            [--basis B] [--windows per-group|per-head] [--force] [--tokenizer PATH]
+//   generate [MODEL_DIR] [--prompt TEXT] [--tokens N] [--dtype f32|f16|bf16] [--compute f32|bf16]
+//            [--mode vo|qk|qkvo] [--basis B] [--windows per-group|per-head] [--force] [--tokenizer PATH]
 //
 // The cost model's refusals are bd-convert's. On a GQA model BD chooses one window per key/value
 // head by default, so V' and the cache keep the dense model's heads; with --windows per-head each
@@ -38,6 +40,7 @@ const char* const kText =
 struct Args {
   std::string dir = BD_EXAMPLE_MODEL, prompt = "Once upon a time", tokenizer, dtype = "f32", mode = "vo", basis = "auto";
   std::string windows = "per-group";
+  bd::kernel::Compute compute = bd::kernel::Compute::F32;
   int tokens = 100;
   bool force = false;
 };
@@ -88,15 +91,15 @@ std::string text_of(const bd::io::Tokenizer& t, const std::vector<int>& prompt, 
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [MODEL_DIR] [--prompt TEXT] [--tokens N] [--dtype f32|f16|bf16] [--mode vo|qk|qkvo] "
-               "[--basis B] [--windows per-group|per-head] [--force] [--tokenizer PATH]\n",
+               "usage: %s [MODEL_DIR] [--prompt TEXT] [--tokens N] [--dtype f32|f16|bf16] [--compute f32|bf16] "
+               "[--mode vo|qk|qkvo] [--basis B] [--windows per-group|per-head] [--force] [--tokenizer PATH]\n",
                argv0);
   return 2;
 }
 
 template <typename S>
 int run(const Args& a) {
-  const auto dense = bd::io::load_llama<float>(a.dir);
+  auto dense = bd::io::load_llama<float>(a.dir);
   const std::string tok_path = !a.tokenizer.empty()                                     ? a.tokenizer
                                : std::filesystem::exists(a.dir + "/tok512.bin")          ? a.dir + "/tok512.bin"
                                                                                          : a.dir + "/tokenizer.bin";
@@ -106,7 +109,9 @@ int run(const Args& a) {
   opts.decomposition.basis = bd::parse_basis(a.basis);
   opts.windows = bd::nn::parse_windows(a.windows);
   if (a.force) opts = opts.with_force(true).with_cost_policy(bd::nn::CostPolicy::Allow);
-  const auto bd_model = dense.with_bd_attention<S>(opts);
+  auto bd_model = dense.with_bd_attention<S>(opts);
+  dense.set_compute(a.compute);
+  bd_model.set_compute(a.compute);
 
   const std::vector<int> prompt = tokenizer.encode(a.prompt);
   std::ifstream config(a.dir + "/config.json");
@@ -122,11 +127,13 @@ int run(const Args& a) {
   while (agree < d.ids.size() && agree < b.ids.size() && d.ids[agree] == b.ids[agree]) ++agree;
   const bool same = d.ids == b.ids;
 
-  std::printf("%s: %lld layers, d = %lld, %lld query heads on %lld key/value heads; BD %s, %s basis, stored in %s\n\n",
+  const char* compute = bd::kernel::to_string(a.compute);
+  std::printf("%s: %lld layers, d = %lld, %lld query heads on %lld key/value heads; BD %s, %s basis, stored in %s, "
+              "%s compute\n\n",
               a.dir.c_str(), (long long)dense.config.layers, (long long)dense.config.hidden, (long long)dense.config.heads,
-              (long long)dense.config.kv_heads, a.mode.c_str(), a.basis.c_str(), a.dtype.c_str());
-  std::printf("dense (fp32):\n%s\n\nBD (%s):\n%s\n\n", text_of(tokenizer, prompt, d.ids).c_str(), a.dtype.c_str(),
-              text_of(tokenizer, prompt, b.ids).c_str());
+              (long long)dense.config.kv_heads, a.mode.c_str(), a.basis.c_str(), a.dtype.c_str(), compute);
+  std::printf("dense (fp32, %s compute):\n%s\n\nBD (%s, %s compute):\n%s\n\n", compute, text_of(tokenizer, prompt, d.ids).c_str(),
+              a.dtype.c_str(), compute, text_of(tokenizer, prompt, b.ids).c_str());
   std::printf("token ids: %s (%zu of %zu generated agree before the first difference)\n", same ? "identical" : "differ",
               agree, d.ids.size());
   std::printf("%-12s %10s %12s\n%-12s %10.0f %12.6f\n%-12s %10.0f %12.6f\n", "model", "tokens/s", "perplexity", "dense",
@@ -147,6 +154,14 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--prompt") && has_value) a.prompt = argv[++i];
     else if (!std::strcmp(argv[i], "--tokens") && has_value) a.tokens = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--dtype") && has_value) a.dtype = argv[++i];
+    else if (!std::strcmp(argv[i], "--compute") && has_value) {
+      try {
+        a.compute = bd::kernel::parse_compute(argv[++i]);
+      } catch (const bd::Error& e) {
+        std::fprintf(stderr, "generate: %s\n", e.what());
+        return 2;
+      }
+    }
     else if (!std::strcmp(argv[i], "--mode") && has_value) a.mode = argv[++i];
     else if (!std::strcmp(argv[i], "--basis") && has_value) a.basis = argv[++i];
     else if (!std::strcmp(argv[i], "--tokenizer") && has_value) a.tokenizer = argv[++i];
