@@ -3,6 +3,8 @@
 // on every thread (OMP_NUM_THREADS) — for each instruction set the CPU runs. It is the ceiling
 // of every GEMM on that kernel: the benchmarks' GFLOP/s are read against it (and against the
 // run's best GEMM, gemm/bd_kernel), so that a layer's rate says how far from the machine it is.
+// peak/avx512_bf16: the same for bf16 compute's tile (vdpbf16ps on bf16 pairs), where the CPU
+// has AVX512-BF16: the ceiling of bf16/* (bench_bf16.cpp).
 #include <benchmark/benchmark.h>
 
 #include <bd/kernel/context.hpp>
@@ -19,7 +21,7 @@ namespace {
 
 using bd::Index;
 
-template <typename Kernel>
+template <typename Kernel, bool Pairs = false>
 double tiles(Index calls) {
   constexpr Index MR = Kernel::mr, NR = Kernel::nr, kc = 128;
   const Index prefetch = bd::kernel::active_context().tuning.tile_prefetch;
@@ -34,7 +36,8 @@ double tiles(Index calls) {
     float* dst[NR];
     for (Index j = 0; j < NR; ++j) dst[j] = out.data() + j * MR;
     for (Index call = 0; call < calls; ++call) {
-      Kernel::tile(NR, kc, A.data(), B.data(), NR, nullptr, nullptr, dst, prefetch);
+      if constexpr (Pairs) Kernel::tile_pairs(NR, kc / 2, A.data(), B.data(), NR, nullptr, nullptr, dst, prefetch);
+      else Kernel::tile(NR, kc, A.data(), B.data(), NR, nullptr, nullptr, dst, prefetch);
       benchmark::DoNotOptimize(out.data());
     }
     flops += 2.0 * double(MR * NR * kc) * double(calls);
@@ -52,7 +55,22 @@ void peak(benchmark::State& state, bd::kernel::Isa isa) {
   state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+#ifdef BD_KERNEL_X86
+void peak_bf16(benchmark::State& state) {
+  const bd::kernel::Isa before = bd::kernel::active_isa();
+  bd::kernel::use_isa(bd::kernel::Isa::AVX512);
+  double flops = 0;
+  for (auto _ : state) flops = tiles<bd::kernel::Avx512Kernel<float>, true>(4000);
+  bd::kernel::use_isa(before);
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+#endif
+
 const int registered = [] {
+#ifdef BD_KERNEL_X86
+  if (bd::kernel::cpu_has(bd::kernel::Isa::AVX512) && bd::kernel::this_cpu().avx512_bf16)
+    benchmark::RegisterBenchmark("peak/avx512_bf16", peak_bf16)->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
   for (bd::kernel::Isa isa : {bd::kernel::Isa::Portable, bd::kernel::Isa::AVX2, bd::kernel::Isa::AVX512})
     if (bd::kernel::cpu_has(isa))
       benchmark::RegisterBenchmark((std::string("peak/") + bd::kernel::to_string(isa)).c_str(),

@@ -3,8 +3,8 @@
 #   tools/install-deps.sh demo   compiler, CMake, Eigen, nlohmann-json
 #   tools/install-deps.sh test   + Ninja (tools/test.sh's builds), Catch2, Google Benchmark, nlohmann-json,
 #                                OpenBLAS, clang (fuzzing)
-#   tools/install-deps.sh bench  what `test` needs + python3-matplotlib (bench/report's plot) and BLIS
-#                                (a second dense baseline in bd_bench)
+#   tools/install-deps.sh bench  what `test` needs + python3-matplotlib (bench/report's plot), BLIS
+#                                (a second dense baseline in bd_bench) and oneDNN (the bf16 anchor)
 #   tools/install-deps.sh train  what `test` needs + the King James Bible (bible-kjv, bible-kjv-text:
 #                                train_lm's default corpus) and python3-matplotlib (the sweep's plot)
 set -euo pipefail
@@ -15,7 +15,7 @@ case "$purpose" in
   demo) packages+=(nlohmann-json3-dev) ;;
   test) packages+=(ninja-build catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3) ;;
   bench) packages+=(ninja-build catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3
-                    python3-matplotlib libblis-openmp-dev) ;;
+                    python3-matplotlib libblis-openmp-dev libdnnl-dev) ;;
   train) packages+=(ninja-build catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3
                     python3-matplotlib bible-kjv bible-kjv-text) ;;
   *) echo "usage: $0 demo|test|bench|train" >&2; exit 2 ;;
