@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/index.hpp"
 #include "bd/base/names.hpp"
@@ -95,7 +96,7 @@ inline constexpr TuningField tuning_fields[] = {
 }  // namespace detail
 
 /// The tuning as BD_TUNING spells it: "mc=144,kc_min=384,…,bf16=dot".
-inline std::string to_string(const Tuning& t) {
+BD_COLD inline std::string to_string(const Tuning& t) {
   std::string out;
   for (const auto& f : detail::tuning_fields) {
     if (!out.empty()) out += ',';
@@ -109,7 +110,7 @@ inline std::string to_string(const Tuning& t) {
 /// `spec` ("key=value,…", the keys of to_string(Tuning)) applied over `base`. RangeError naming
 /// `source` and the key when a key is unknown, a value malformed or out of its range, or kc_min
 /// exceeds kc_max.
-inline Tuning parse_tuning(std::string_view spec, Tuning base, const char* source = "BD_TUNING") {
+BD_COLD inline Tuning parse_tuning(std::string_view spec, Tuning base, const char* source = "BD_TUNING") {
   const auto refuse = [&](std::string_view item, const std::string& why) {
     return RangeError(bd::detail::message(source, ": '", item, "' ", why));
   };
@@ -195,14 +196,14 @@ inline constexpr TuningRow tuning_rows[] = {
 /// The cache model (BLIS's, for the caches bd sizes by): a depth pass from L1 and a row block
 /// from L2 at use (Context::depth_block, row_block), flash attention's key block from L2; every
 /// other value the one measured alike on every CPU of the table. AVX2 packs keys and values.
-inline Tuning model_tuning(const CpuDescription& cpu, Isa isa) {
+BD_COLD inline Tuning model_tuning(const CpuDescription& cpu, Isa isa) {
   Tuning t;
   t.key_block = std::min<Index>(256 << 10, Index(cpu.l2 / 4));
   return detail::pack_with_avx2(t, isa);
 }
 
 /// The tuning of `cpu` on `isa`: its table row, or the cache model where no row covers it.
-inline Tuning tuning_for(const CpuDescription& cpu, Isa isa) {
+BD_COLD inline Tuning tuning_for(const CpuDescription& cpu, Isa isa) {
   const Tuning model = model_tuning(cpu, isa);
   for (const auto& row : detail::tuning_rows)
     if (row.vendor == cpu.vendor && row.family == cpu.family && cpu.model >= row.model_first && cpu.model <= row.model_last)
@@ -268,7 +269,7 @@ struct Context {
 
 /// The context of `cpu` on `isa`, with `override_spec` (BD_TUNING's syntax; may be empty)
 /// applied over its tuning. Pure: the tests give it other CPUs' descriptions.
-inline Context make_context(const CpuDescription& cpu, Isa isa, std::string_view override_spec = {},
+BD_COLD inline Context make_context(const CpuDescription& cpu, Isa isa, std::string_view override_spec = {},
                             const char* source = "BD_TUNING") {
   Context c;
   c.cpu = cpu, c.isa = isa;
@@ -289,10 +290,13 @@ struct Contexts {
   const Context& get(Isa isa) {
     const auto i = static_cast<std::size_t>(isa);
     if (const Context* c = built[i].load(std::memory_order_acquire)) return *c;
+    return build(i);
+  }
+  BD_COLD const Context& build(std::size_t i) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!built[i].load(std::memory_order_relaxed)) {
       const char* spec = std::getenv("BD_TUNING");
-      storage[i] = make_context(this_cpu(), isa, spec ? spec : "");
+      storage[i] = make_context(this_cpu(), static_cast<Isa>(i), spec ? spec : "");
       built[i].store(&storage[i], std::memory_order_release);
     }
     return storage[i];

@@ -25,6 +25,7 @@
 #endif
 #endif
 
+#include "bd/base/code_size.hpp"
 #include "bd/base/error.hpp"
 #include "bd/base/names.hpp"
 
@@ -104,7 +105,7 @@ struct CpuDescription {
   bool amx_bf16 = false;      ///< AMX tiles with bf16 (tdpbf16ps)
 
   /// "AMD family 26 model 2 (L1d 48 KiB, L2 1024 KiB, avx512_bf16)".
-  std::string describe() const {
+  BD_COLD std::string describe() const {
     std::string out = vendor == Vendor::AMD ? "AMD" : vendor == Vendor::Intel ? "Intel" : "CPU";
     out += " family " + std::to_string(family) + " model " + std::to_string(model) + " (L1d " +
            std::to_string(l1d >> 10) + " KiB, L2 " + std::to_string(l2 >> 10) + " KiB";
@@ -131,7 +132,7 @@ inline long cache_bytes(int level, long low, long high, long fallback) {
 /// glibc's sysconf for the caches, else 32 KiB of L1 (every AVX2 and AVX-512 CPU has at least
 /// that) and 512 KiB of L2 (the smallest per-core L2 among the AVX-512 CPUs and AMD's AVX2 ones;
 /// Intel's AVX2 client cores have 256 KiB and report it).
-inline CpuDescription read_this_cpu() {
+BD_COLD inline CpuDescription read_this_cpu() {
   CpuDescription cpu;
   cpu.l1d = cache_bytes(1, 16L << 10, 4L << 20, 32L << 10);
   cpu.l2 = cache_bytes(2, 64L << 10, 64L << 20, 512L << 10);

@@ -65,7 +65,6 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
   // The skinny path (skinny.hpp) for a few rows of a column-major X, compiled only where
   // Layer asks for it; the packed one otherwise (loop.hpp). Each loop once per scalar type.
   const Context& context = active_context();
-  Packing packing = Packing::Plain;
   if constexpr (Layer) {
     if (a.compute == Compute::BF16) {
       if constexpr (!bf16_computable<T, S>) {
@@ -75,15 +74,24 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
             std::is_same_v<S, Eigen::half> ? " (rounding f16 weights to bf16 would round them twice: store them in bf16, or "
                                              "compute in f32)"
                                            : " (compute in f32)"));
+      } else if (a.rows > skinny_rows || a.x_row_major) {
+        if (a.x_row_major)
+          throw RangeError("bd::kernel::gemm: bf16 compute reads X column-major (a layer's activations); this X is row-major");
+        // X's channels rounded once into a compact copy that the packing reads (RoundedInput).
+        const Packing packing = context.bf16_method() == Bf16Method::Dot ? Packing::Pairs : Packing::Rounded;
+        const PackedKernel<T, S> kernel =
+            on_active_kernel<T>([packing](auto k) { return bf16_packed_kernel<decltype(k), T, S>(packing); });
+        GemmArguments<T, S> rounded;
+        round_input(a, threads, ws.local<RoundedInput<T>>(), rounded);
+        return gemm_packed(a, rounded, total, blk, threads, kernel, context, ws);
       }
-      packing = context.bf16_method() == Bf16Method::Dot ? Packing::Pairs : Packing::Rounded;
     }
     if (a.rows <= skinny_rows && !a.x_row_major)
       return gemm_skinny(a, threads, on_active_kernel<T>([](auto k) { return few_row_kernel<decltype(k), T>(); }), context,
                          ws.local<SkinnyScratch<T>>());
   }
-  const PackedKernel<T, S> kernel = on_active_kernel<T>([packing](auto k) { return packed_kernel<decltype(k), T, S>(packing); });
-  gemm_packed(a, total, blk, threads, kernel, context, ws);
+  const PackedKernel<T, S> kernel = on_active_kernel<T>([](auto k) { return packed_kernel<decltype(k), T, S>(); });
+  gemm_packed(a, a, total, blk, threads, kernel, context, ws);
 }
 }  // namespace detail
 

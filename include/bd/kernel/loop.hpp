@@ -106,26 +106,33 @@ struct has_pair_tile : std::false_type {};
 template <typename Kernel>
 struct has_pair_tile<Kernel, std::enable_if_t<Kernel::pair_tiles>> : std::true_type {};
 
-/// Kernel's PackedKernel for a product with B stored in S, its operands packed as `packing` says.
+/// Kernel's PackedKernel for a product with B stored in S.
 template <typename Kernel, typename T, typename S>
-PackedKernel<T, S> packed_kernel(Packing packing = Packing::Plain) {
+PackedKernel<T, S> packed_kernel() {
   static_assert(Kernel::mr <= max_tile_rows && Kernel::nr <= max_tile_columns, "loop.hpp: raise max_tile_rows/columns");
   PackedKernel<T, S> k;
-  k.mr = Kernel::mr, k.nr = Kernel::nr, k.any_width = Kernel::any_width, k.packing = packing;
+  k.mr = Kernel::mr, k.nr = Kernel::nr, k.any_width = Kernel::any_width;
   k.tile = &Kernel::tile;
   k.pack_a = &pack_a<Kernel::mr, T, S>;
   k.pack_b = &pack_b<Kernel::nr, T, S>;
-  if constexpr (std::is_same_v<T, float> && (std::is_same_v<S, float> || std::is_same_v<S, Eigen::bfloat16>)) {
-    if (packing == Packing::Rounded) {
-      k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Rounded, T, S>;
-      k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Rounded, T, S>;
-    }
-    if constexpr (has_pair_tile<Kernel>::value) {
-      if (packing == Packing::Pairs) {
-        k.tile = &Kernel::tile_pairs;
-        k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Pairs, T, S>;
-        k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Pairs, T, S>;
-      }
+  return k;
+}
+
+/// The same for bf16 compute (T float, B stored in float or bfloat16), packing its operands as
+/// `packing` says: rounded floats for the f32 tile, or pairs for vdpbf16ps where the kernel has it
+/// (the caller asks for pairs only there). Its own function, so that a program that never asks
+/// for bf16 compiles none of it.
+template <typename Kernel, typename T, typename S>
+PackedKernel<T, S> bf16_packed_kernel(Packing packing) {
+  PackedKernel<T, S> k = packed_kernel<Kernel, T, S>();
+  k.packing = packing;
+  k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Rounded, T, S>;
+  k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Rounded, T, S>;
+  if constexpr (has_pair_tile<Kernel>::value) {
+    if (packing == Packing::Pairs) {
+      k.tile = &Kernel::tile_pairs;
+      k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Pairs, T, S>;
+      k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Pairs, T, S>;
     }
   }
   return k;
@@ -284,9 +291,10 @@ struct PackingSpace : ScratchBuffer<T> {
 /// side) into `column_groups` equal ranges, cut anywhere, and the rows into threads /
 /// column_groups equal ranges only when the columns are too narrow to give every thread four
 /// micro-panels. A thread packs each B block of its range once, so B is packed once in all.
+/// `packing_args`: what pack_a reads — a itself, or for bf16 compute X's rounded copy (round_input).
 template <typename T, typename S>
-void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& asked, int threads, const PackedKernel<T, S>& kernel,
-                 const Context& context, Workspace& ws) {
+void gemm_packed(const GemmArguments<T, S>& a, const GemmArguments<T, S>& packing_args, Index total, const Blocking& asked,
+                 int threads, const PackedKernel<T, S>& kernel, const Context& context, Workspace& ws) {
   const Index MR = kernel.mr, NR = kernel.nr;
   Blocking blk = asked;
   if (blk.kc <= 0) {
@@ -320,17 +328,6 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
   const Index workers = column_groups * row_groups;
   // ≥ the balanced mc of run_block_pass
   const Index a_size = round_up(std::max<Index>(1, blk.mc), MR) * packed_depth(kernel.packing, max_kc);
-  // bf16 compute: the packing reads X's channels rounded once (RoundedInput); f32: X itself.
-  const GemmArguments<T, S>* packing = &a;
-  GemmArguments<T, S> rounded;
-  if constexpr (std::is_same_v<T, float>) {
-    if (kernel.packing != Packing::Plain) {
-      if (a.x_row_major)
-        throw RangeError("bd::kernel::gemm: bf16 compute reads X column-major (a layer's activations); this X is row-major");
-      round_input(a, threads, ws.local<RoundedInput<T>>(), rounded);
-      packing = &rounded;
-    }
-  }
   PackingSpace<T>& space = ws.local<PackingSpace<T>>();
   T* const buffers = space.shares(b_size + a_size, workers);
   const Index share = space.stride;
@@ -351,7 +348,7 @@ void gemm_packed(const GemmArguments<T, S>& a, Index total, const Blocking& aske
       for (const Block& block : column_blocks[static_cast<std::size_t>(w % column_groups)]) {
         for (Index p = 0; p < passes; ++p) {
           pack_block_pass(a, block, blk, p, kernel, packed_b);
-          run_block_pass(a, *packing, block, p, r0, r1, blk, kernel, prefetch, packed_b, packed_a);
+          run_block_pass(a, packing_args, block, p, r0, r1, blk, kernel, prefetch, packed_b, packed_a);
         }
       }
     }
