@@ -142,19 +142,7 @@ TEST_CASE("MLA layers with a query LoRA are prepared, not refused, and cost as c
   CHECK(bd.parameters() > 0);
 }
 
-TEST_CASE("bd 0.1's enumerator spellings still name the same values, and the words users type are unchanged", "[names]") {
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  CHECK(Windows::per_group == Windows::PerGroup);
-  CHECK(Windows::per_head == Windows::PerHead);
-  CHECK(bd::nn::PrefillPath::automatic == bd::nn::PrefillPath::Automatic);
-  CHECK(bd::nn::PrefillPath::absorbed == bd::nn::PrefillPath::Absorbed);
-  CHECK(bd::nn::RopeType::llama3 == bd::nn::RopeType::Llama3);
-  CHECK(bd::Storage::f16 == bd::Storage::F16);
-  CHECK(bd::Storage::bf16 == bd::Storage::BF16);
-  CHECK(bd::kernel::Isa::avx512 == bd::kernel::Isa::AVX512);
-  CHECK(bd::kernel::Isa::portable == bd::kernel::Isa::Portable);
-#pragma GCC diagnostic pop
+TEST_CASE("the words users type for each enumerator are unchanged", "[names]") {
   CHECK(std::string(to_string(Windows::PerGroup)) == "per-group");
   CHECK(bd::nn::parse_windows("per-head") == Windows::PerHead);
   CHECK(std::string(to_string(bd::nn::PrefillPath::Recompute)) == "recompute");

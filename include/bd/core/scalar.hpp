@@ -56,11 +56,6 @@ inline constexpr bool is_supported_scalar_v =
 /// scalar types above. `dispatch` turns it back into a type.
 enum class Storage {
   F64, F32, F16, BF16,
-  // bd 0.1's spellings, kept for one release:
-  f64 [[deprecated("spelled Storage::F64 since bd 0.2")]] = F64,
-  f32 [[deprecated("spelled Storage::F32 since bd 0.2")]] = F32,
-  f16 [[deprecated("spelled Storage::F16 since bd 0.2")]] = F16,
-  bf16 [[deprecated("spelled Storage::BF16 since bd 0.2")]] = BF16,
 };
 
 inline constexpr Storage all_storages[] = {Storage::F64, Storage::F32, Storage::F16, Storage::BF16};

@@ -39,9 +39,6 @@ namespace bd::cuda {
 enum class Pieces {
   Gathered,  ///< copy both pieces into one buffer, one GEMM: K' written and rounded once
   InPlace,   ///< one GEMM per piece, the second accumulating into K'
-  // bd 0.1's spellings, kept for one release:
-  gathered [[deprecated("spelled Pieces::Gathered since bd 0.2")]] = Gathered,
-  in_place [[deprecated("spelled Pieces::InPlace since bd 0.2")]] = InPlace,
 };
 
 template <typename T>

@@ -54,10 +54,6 @@ namespace bd::kernel {
 
 enum class Isa {
   Portable = 0, AVX2 = 1, AVX512 = 2,
-  // bd 0.1's spellings, kept for one release:
-  portable [[deprecated("spelled Isa::Portable since bd 0.2")]] = Portable,
-  avx2 [[deprecated("spelled Isa::AVX2 since bd 0.2")]] = AVX2,
-  avx512 [[deprecated("spelled Isa::AVX512 since bd 0.2")]] = AVX512,
 };
 
 /// The names BD_CPU takes and reports print (base/names.hpp).

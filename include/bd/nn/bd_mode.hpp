@@ -28,9 +28,6 @@ enum class Family { QK, VO };
 /// window per query head, K'/V' with n_q heads. The same for MHA (n_q = n_kv).
 enum class Windows {
   PerGroup, PerHead,
-  // bd 0.1's spellings, kept for one release:
-  per_group [[deprecated("spelled Windows::PerGroup since bd 0.2")]] = PerGroup,
-  per_head [[deprecated("spelled Windows::PerHead since bd 0.2")]] = PerHead,
 };
 inline constexpr bd::detail::Named<Windows> windows_names[] = {{Windows::PerGroup, "per-group"}, {Windows::PerHead, "per-head"}};
 inline const char* to_string(Windows w) { return bd::detail::name_in(windows_names, w); }

@@ -155,10 +155,6 @@ inline MLACost mla_cost(const AttentionShape& s, Mode mode) {
 /// from the cached latent for the whole context, or absorbed (queries mapped into the latent).
 enum class PrefillPath {
   Automatic, Recompute, Absorbed,
-  // bd 0.1's spellings, kept for one release:
-  automatic [[deprecated("spelled PrefillPath::Automatic since bd 0.2")]] = Automatic,
-  recompute [[deprecated("spelled PrefillPath::Recompute since bd 0.2")]] = Recompute,
-  absorbed [[deprecated("spelled PrefillPath::Absorbed since bd 0.2")]] = Absorbed,
 };
 
 inline const char* to_string(PrefillPath p) {

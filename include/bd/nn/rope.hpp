@@ -41,12 +41,6 @@ using bd::Index;
 
 enum class RopeType {
   Standard, Linear, Dynamic, Llama3, Yarn,
-  // bd 0.1's spellings, kept for one release:
-  standard [[deprecated("spelled RopeType::Standard since bd 0.2")]] = Standard,
-  linear [[deprecated("spelled RopeType::Linear since bd 0.2")]] = Linear,
-  dynamic [[deprecated("spelled RopeType::Dynamic since bd 0.2")]] = Dynamic,
-  llama3 [[deprecated("spelled RopeType::Llama3 since bd 0.2")]] = Llama3,
-  yarn [[deprecated("spelled RopeType::Yarn since bd 0.2")]] = Yarn,
 };
 
 /// Each scheme by its name in Hugging Face's configs (rope_scaling.rope_type; plain RoPE is "default").
