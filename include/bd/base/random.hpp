@@ -9,8 +9,8 @@
 // (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", 2014; the generator
 // that seeds xoshiro), whose 64-bit outputs pass TestU01's BigCrush, uniforms from its top 53
 // bits, and normals by the Box–Muller transform of two uniforms — the same bits everywhere up to
-// the last bit of the C library's log, cos and sin. (Including <random> also cost every program
-// that includes bd 0.4 s of g++'s time: 2-core Zen 4, g++ 12, -O3.)
+// the last bit of the C library's log, cos and sin. (Including <random> would also cost every
+// program that includes bd compile time.)
 #pragma once
 
 #include <cmath>

@@ -109,7 +109,7 @@ BD_DEFERRED double squared_norm_in_double(const Eigen::MatrixXf& a) {
 }
 
 /// Entries of B along n formed, rounded and differenced per block when B is formed in float:
-/// a block of B, of ΔB and of V's rows (r = 128: 3 × 128 KiB) stays in a core's L2 (1 MiB on Zen 4).
+/// a block of B, of ΔB and of V's rows (r = 128: 3 × 128 KiB) stays in a core's L2 (1 MiB and more on the CPUs bd meets).
 inline constexpr Index basis_block = 256;
 
 /// Above this reciprocal condition of Q_S, C = Q_R·Q_S⁻¹ computed in double is accurate to

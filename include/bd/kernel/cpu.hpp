@@ -34,9 +34,8 @@
 // Per-function instruction sets. AVX-512 kernels ask for the same four extensions the CPU check
 // requires, so that nothing they inline can need more than was verified.
 // The kernels are vectorised by hand; GCC's loop vectoriser would only vectorise their scalar
-// tails again (a vector loop and an epilogue per tail): 18 KB of the README's example's 455 KB
-// of code, with no difference in the kernels' speed (Zen 4, both instruction sets). Clang has
-// no such attribute.
+// tails again (a vector loop and an epilogue per tail): code a program compiles for no speed
+// (docs/architecture.md, "Compile time"). Clang has no such attribute.
 #if defined(__clang__)
 #define BD_HAND_VECTORISED
 #else

@@ -129,8 +129,8 @@ const T* key_run(const AttentionArguments<T>& a, Index kh, Index k0, Index c) {
 
 /// A key block's keys as NR-key panels, k-major: kp[j0·D + c·NR + j] = [k | k_rope](k0 + j0 + j, c),
 /// zero past bk. Channel by channel, so each of K's columns is read in one run of bk keys (D
-/// concurrent strided streams, one per channel, defeat the prefetcher: 3–5× slower when K comes
-/// from memory). A block is one short run per channel, far apart, which the hardware prefetcher
+/// concurrent strided streams, one per channel, defeat the prefetcher when K comes from memory).
+/// A block is one short run per channel, far apart, which the hardware prefetcher
 /// does not follow: each run is asked for `ahead` channels before it is copied
 /// (Tuning::pack_prefetch).
 template <Index NR, typename T>
@@ -273,8 +273,7 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   }
   // Task t is group t / row_blocks, and a group's row blocks go last first. A group's tasks thus run
   // one after another and read its keys and values (every task packs those its rows see) from
-  // cache: with the groups interleaved (t % groups), every task read them from memory, and a
-  // causal 1024-token prefill at DeepSeek-V3's shape ran 1.3× slower (Zen 5). Last first because
+  // cache; with the groups interleaved (t % groups), every task would read them from memory. Last first because
   // under the causal mask a block's work grows with its rows' positions: the last task handed out
   // is the smallest block of the last group, not a large one that one thread runs alone.
   const auto task_group = [&](Index task) { return task / row_blocks; };

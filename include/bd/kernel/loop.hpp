@@ -277,10 +277,9 @@ struct PackingSpace : ScratchBuffer<T> {
   /// `workers` shares of at least `need` values, worker w's at w·stride. The stride only grows
   /// (in whole 4 KiB pages), so a worker's share keeps its addresses from one product to the
   /// next whatever their shapes. Laid out by each product's own sizes, a product of another
-  /// depth (BD's K' projection, depth d − d_h, between dense ones of depth d) moved the second
-  /// worker's share onto lines the first core's cache held, and the next products' packing
-  /// wrote across cores: in a training step at L = 128 the dense products right after BD's ran
-  /// 1–11 % slower than after dense ones (2-core Zen 5, 2026-11-28).
+  /// depth (BD's K' projection, depth d − d_h, between dense ones of depth d) would move the
+  /// second worker's share onto lines the first core's cache holds, and the next products'
+  /// packing would write across cores.
   T* shares(Index need, Index workers) {
     stride = std::max(stride, round_up(need, Index(4096 / sizeof(T))));
     return this->reserve(static_cast<std::size_t>(stride * workers));

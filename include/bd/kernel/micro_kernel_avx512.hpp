@@ -188,11 +188,9 @@ struct Avx512Kernel {
   static void softmax_row(T* s, Index n, T* m, T* l, T* alpha) { avx512::softmax_row<Ops>(s, n, m, l, alpha); }
   static constexpr Index lanes() { return Ops::lanes; }
   /// Preparation's small factorizations run the AVX2 bodies (the same layouts: rows padded to 16
-  /// values for any ISA). Their AVX-512 bodies were 24 KB of the README's example's 409 KB of
-  /// code and about 5 % of its compile time (g++ 12 -O3, 2-core Zen 4, alternated pairs). Alone
-  /// they ran 5–25 % faster on some sizes (Zen 4, Zen 5, Sapphire Rapids), but they are a part
-  /// of scoring, which is under a third of a preparation: DeepSeek-V2-Lite's whole preparation
-  /// ran level on either instruction set on Zen 4 (docs/architecture.md, "Compile time").
+  /// values for any ISA): AVX-512 bodies would cost every program their code and compile time
+  /// for a part of scoring, itself under a third of a preparation (docs/architecture.md,
+  /// "Compile time").
   /// P·A = L·U in place for a small row-major A (small_lu.hpp).
   static void lu_rows(T* a, Index n, Index ld, Index* perm) { Avx2Kernel<T>::lu_rows(a, n, ld, perm); }
   /// L⁻¹ of a small lower-triangular L, row by row (inverse.hpp).

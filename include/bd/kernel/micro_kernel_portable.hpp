@@ -24,7 +24,6 @@
 // On x86 these bodies run only where the CPU lacks AVX2, FMA or F16C (before 2013) or BD_CPU
 // forces them, yet every program that includes bd compiles them: there they are compiled for size
 // (`cold`: no unrolling, no inlining that grows code; the hand-written 16-byte vectors stay).
-// 8 KB of the README's example's 385 KB of code (g++ 12, Zen 4).
 // PortableKernel::tile keeps the program's flags: its loops are vectorised by the compiler.
 #if defined(BD_KERNEL_X86)
 #define BD_PORTABLE_COLD __attribute__((cold))

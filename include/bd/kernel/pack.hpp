@@ -74,7 +74,7 @@ void convert_column(const S* src, Index n, T* dst) {
 
 #ifdef __SSE2__
 /// Four runs × four k into the panel, transposed in registers: panel[(k + t)·Stride + c] = run c
-/// at k + t. SSE2 is part of x86-64, so this needs no dispatch; it packs 4–6× faster than
+/// at k + t. SSE2 is part of x86-64, so this needs no dispatch; it packs several times faster than
 /// element by element, which is what BD pays per call at short L (B is read once per call).
 template <Index Stride>
 inline void transpose4x4_into(__m128 r0, __m128 r1, __m128 r2, __m128 r3, float* panel) {

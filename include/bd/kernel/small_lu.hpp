@@ -116,8 +116,7 @@ private:
   /// the row-major factors when transposed. Column by column in the axpy form (x_p final, then
   /// taken from the other rows along column p of the triangle: contiguous, vectorised), four
   /// columns of X at a time so that each column of the triangle is loaded once for four updates
-  /// (eight measured 2.5× slower: registers; the dot form along rows, 2.5× slower: its sums are
-  /// one dependent chain).
+  /// (eight run out of registers; the dot form along rows makes its sums one dependent chain).
   void substitute(const T* t, Index ldt, Matrix& X, bool transposed) const {
     const Index k = X.cols(), whole = k / 4 * 4;
     for (Index c = 0; c < whole; c += 4) substitute_columns<4>(t, ldt, X, c, transposed);

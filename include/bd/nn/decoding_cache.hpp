@@ -53,10 +53,9 @@ protected:
   /// At least `rows`, rounded so that a column (a channel's tokens, what the attention reads as
   /// one run) is an odd number of cache lines. The columns lie `capacity` apart, and the kernels
   /// read one block of keys across all of them; at the power-of-two capacities that doubling
-  /// from one token reaches, every column's run fell in the same cache set of L1 and of L2, and a
-  /// block's lines evicted each other there: absorbed MLA's attention over a 16k latent (DeepSeek-V3's shape,
-  /// 2-core Zen 5, AVX-512) ran 1.15× slower 16384 rows apart than 16400 apart (1025 lines; six
-  /// alternated pairs, docs/benchmarks.md).
+  /// from one token reaches, every column's run falls in the same cache set of L1 and of L2, and
+  /// a block's lines evict each other there (docs/benchmarks.md, "Absorbed MLA's values read in
+  /// place").
   static Index padded(Index rows) {
     constexpr Index line = 64 % sizeof(A) == 0 ? Index(64 / sizeof(A)) : 1;  // values per cache line
     const Index lines = (rows + line - 1) / line;

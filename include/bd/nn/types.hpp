@@ -35,7 +35,7 @@ using StoredVector = Eigen::Matrix<S, Eigen::Dynamic, 1>;
 /// Activations a layer keeps in its Workspace between calls: the attention forward's Q, K, V and
 /// O (64 MB each for DeepSeek-V3's layer over 1024 tokens). Fresh matrices that large are mapped
 /// by the allocator on every call (above glibc's largest mmap threshold, 32 MiB) and faulted in
-/// page by page — 7 % of that forward, measured — while this buffer only grows. take() hands out
+/// page by page, while this buffer only grows. take() hands out
 /// rows × cols of it, uninitialised, valid until its next take().
 template <typename A>
 class ScratchMatrix {
