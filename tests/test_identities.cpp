@@ -165,3 +165,54 @@ TEST_CASE("a dense W beyond rank r reports its truncation apart from the BD erro
   CHECK(d.report().nmse >= d.report().truncation_nmse);
   CHECK(d.report().nmse == Approx(nmse(rebuild(d), W)).epsilon(1e-9));
 }
+
+TEST_CASE("apply(x) is x·W without W: every basis, both forms, one row and blocks of rows", "[identity]") {
+  // Held to x·reconstruct() in double: the stored B and C exactly, multiplied in double. apply
+  // sums in x's type through the intermediate the form has — h = x[:, S] + x[:, R]·C (row form),
+  // x·B (column form) — so each output errs by at most depth·u times the magnitudes it was summed
+  // from: (|x[:, S]| + |x[:, R]|·|C|)·|B| in the row form, |x|·|B| and |x|·|B|·|C| in the column
+  // form (γ_n ≤ n·u; Higham, Accuracy and Stability, §3.5), with x rounded to x's type first.
+  const auto check_apply = [](const auto& d, const Eigen::MatrixXd& x, double u) {
+    const Eigen::MatrixXd W = d.template reconstruct<double>();
+    const Eigen::MatrixXd B = d.basis().template cast<double>().cwiseAbs(), C = d.coeff().template cast<double>().cwiseAbs();
+    const Eigen::MatrixXd X = x.cwiseAbs();
+    Eigen::MatrixXd scale(x.rows(), d.cols());
+    if (d.side() == Side::Row) {
+      scale = (X(Eigen::all, d.indices()) + X(Eigen::all, d.rest()) * C) * B;
+    } else {
+      scale(Eigen::all, d.indices()) = X * B;
+      scale(Eigen::all, d.rest()) = X * B * C;
+    }
+    const double depth = double(d.rows() + d.rank() + 2);
+    const Eigen::MatrixXd exact = x * W;
+    if (u < 1e-10) {
+      const Eigen::MatrixXd got = d.apply(x);
+      CHECK(((got - exact).cwiseAbs() - depth * u * scale).maxCoeff<Eigen::PropagateNaN>() <= 0);
+    } else {
+      const Eigen::MatrixXf got = d.apply(x.cast<float>());
+      CHECK(((got.cast<double>() - exact).cwiseAbs() - depth * u * scale).maxCoeff<Eigen::PropagateNaN>() <= 0);
+    }
+  };
+  const auto p = random_product(48, 36, 6, 17);
+  for (const Side side : {Side::Row, Side::Col}) {
+    for (const Basis basis : {Basis::First, Basis::Last, Basis::OffsetSearch, Basis::Pivoted, Basis::Auto}) {
+      const bd::Options opts = bd::Options{}.with_basis(basis).with_side(side);
+      const auto d64 = bd::decompose_product<double>(p.U, p.V, opts);
+      const auto d16 = bd::decompose_product<Eigen::half>(p.U, p.V, opts);
+      INFO(bd::to_string(side) << " form, " << bd::to_string(basis) << " basis (" << d64.report().reason << ")");
+      for (const Eigen::Index L : {1, 3, 40}) {
+        const Eigen::MatrixXd x = bd_test::gaussian(L, d64.rows(), unsigned(L) + 5);
+        check_apply(d64, x, std::ldexp(1.0, -53));
+        check_apply(d16, x, std::ldexp(1.0, -24));
+      }
+    }
+  }
+  // A pivoted basis is not a window: taking x's channels [offset, offset + r) instead of
+  // indices() — the hand-rolled product the quickstart once showed — is wrong, apply is not.
+  const auto pivoted = bd::decompose_product<double>(p.U, p.V, bd::Options{}.with_basis(Basis::Pivoted));
+  REQUIRE_FALSE(pivoted.contiguous());
+  const Eigen::MatrixXd x = bd_test::gaussian(2, 48, 3);
+  CHECK(bd_test::nmse(pivoted.apply(x), x * p.W()) < 1e-24);
+  BD_CHECK_THROWS_CONTAINING(pivoted.apply(Eigen::MatrixXd::Ones(2, 47)), bd::ShapeError,
+                             Catch::Contains("x has 47 columns, expected rows() = 48"));
+}

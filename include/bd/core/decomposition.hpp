@@ -4,7 +4,10 @@
 // Column form:              W[:, indices] = B,   W[:, rest] = B·C       (B m×r, C r×(n−r))
 // indices() are ascending; rest() are the other rows (columns), ascending. With a contiguous
 // window at offset o these are the paper's identities W = [I; C]B (o = 0) and W = [C; I]B
-// (o = m−r), and their column twins.
+// (o = m−r), and their column twins. apply(x) is x·W without W:
+//
+//   row form     x·W = (x[:, indices] + x[:, rest]·C)·B
+//   column form  (x·W)[:, indices] = x·B,  (x·W)[:, rest] = (x·B)·C
 #pragma once
 
 #include <algorithm>
@@ -18,6 +21,8 @@
 #include "bd/core/options.hpp"
 #include "bd/core/phase_times.hpp"
 #include "bd/core/scalar.hpp"
+#include "bd/kernel/gemm.hpp"
+#include "bd/kernel/matmul.hpp"
 
 namespace bd {
 
@@ -74,6 +79,12 @@ public:
     if (coeff_.rows() != want_coeff_rows || coeff_.cols() != want_coeff_cols)
       throw ShapeError(detail::message("Decomposition: coeff is ", coeff_.rows(), "x", coeff_.cols(), ", expected ",
                                        want_coeff_rows, "x", want_coeff_cols));
+    rest_.reserve(static_cast<std::size_t>(along - r));
+    std::size_t k = 0;
+    for (Index i = 0; i < along; ++i) {
+      if (k < indices_.size() && indices_[k] == i) ++k;
+      else rest_.push_back(i);
+    }
   }
 
   Side side() const { return side_; }
@@ -95,20 +106,54 @@ public:
   /// True when the basis is one contiguous window [offset, offset + rank).
   bool contiguous() const { return !indices_.empty() && indices_.back() - indices_.front() + 1 == rank(); }
   /// Positions of the rows (columns) rebuilt by coeff(), ascending.
-  std::vector<Index> rest() const {
-    const Index along = side_ == Side::Row ? rows_ : cols_;
-    std::vector<Index> out;
-    out.reserve(static_cast<std::size_t>(along - rank()));
-    std::size_t k = 0;
-    for (Index i = 0; i < along; ++i) {
-      if (k < indices_.size() && indices_[k] == i) ++k;
-      else out.push_back(i);
-    }
-    return out;
-  }
+  const std::vector<Index>& rest() const { return rest_; }
   /// Stored parameters: r(m + n − r), against m·n dense or r(m + n) as factors.
   Index parameters() const { return basis_.size() + coeff_.size(); }
   const Report& report() const { return report_; }
+
+  /// x·W for rows x (L × rows(): a row vector or a block of rows, float or double) without
+  /// forming W, on the dispatched kernel: the row form gathers x's basis and rest channels by
+  /// indices() and rest() (any basis: a window, pivoted rows), the column form writes the basis
+  /// columns and rebuilds the rest from them (as BDLinear does), in x's type. Returns L × cols()
+  /// in x's scalar type; ShapeError when x has not rows() columns. It runs on
+  /// preparation's GEMM, which packs even a single row: the layers (BDLinear, BDAttention) are
+  /// the fast path for decoding, their skinny path compiled only where a program uses them.
+  template <typename Derived>
+  Eigen::Matrix<typename Derived::Scalar, Eigen::Dynamic, Eigen::Dynamic> apply(const Eigen::MatrixBase<Derived>& x,
+                                                                                  Workspace& ws = default_workspace()) const {
+    using T = typename Derived::Scalar;
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "Decomposition::apply: x in float or double");
+    using Out = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+    if (rank() == 0) throw RangeError("Decomposition::apply: the decomposition is empty (default-constructed)");
+    if (x.cols() != rows_)
+      throw ShapeError(detail::message("Decomposition::apply: x has ", x.cols(), " columns, expected rows() = ", rows_,
+                                       " (x·W for W ", rows_, "x", cols_, ")"));
+    const Out xm = x;  // column-major, contiguous: what the kernel gathers from
+    // B and C in x's type (exact where x's type holds the stored one): preparation's GEMM for T,
+    // which every program that prepares a decomposition has compiled already.
+    const Out basis = basis_.template cast<T>(), coeff = coeff_.template cast<T>();
+    const Index L = xm.rows(), r = rank();
+    Out y(L, cols_);
+    if (L == 0) return y;
+    const auto product = [&](const T* in, const Out& w, Index depth, const Index* channels, Index width, const Index* starts,
+                             const Index* columns, T* out) {
+      bd::kernel::GemmArguments<T, T> a;
+      a.rows = L, a.x = in, a.ldx = L;
+      a.b = w.data(), a.ldb = w.rows();
+      a.out = out, a.ldo = L, a.out_columns = columns, a.init_channels = starts;
+      a.segments.push_back({channels, depth, 0, width});
+      bd::kernel::detail::gemm_with<false>(a, {}, 0, ws);  // preparation's GEMM: no few-row path compiled
+    };
+    if (side_ == Side::Row) {  // h = x[:, S] + x[:, R]·C, then y = h·B
+      Out h(L, r);
+      product(xm.data(), coeff, rows_ - r, rest_.data(), r, indices_.data(), nullptr, h.data());
+      product(h.data(), basis, r, bd::kernel::identity_channels(r, ws), cols_, nullptr, nullptr, y.data());
+    } else {  // y[:, S] = x·B, then y[:, R] = y[:, S]·C
+      product(xm.data(), basis, rows_, bd::kernel::identity_channels(rows_, ws), r, nullptr, indices_.data(), y.data());
+      product(y.data(), coeff, r, indices_.data(), cols_ - r, nullptr, rest_.data(), y.data());
+    }
+    return y;
+  }
 
   /// Rebuilds W from basis and coefficients, accumulating in Out's accumulation type.
   /// reconstruct() gives Scalar; reconstruct<double>() the exact value of the stored B and C.
@@ -134,7 +179,7 @@ public:
 private:
   Side side_ = Side::Row;
   Index rows_ = 0, cols_ = 0;
-  std::vector<Index> indices_;
+  std::vector<Index> indices_, rest_;
   Matrix basis_, coeff_;
   Report report_;
 };
