@@ -14,15 +14,30 @@
 //                no unrolling or loop vectorisation), and calls to it treated as unlikely. Only
 //                for functions whose own loops are not where the time goes: their callees —
 //                the fits, the scores, the kernels — keep the flags of the program.
+//
+// And for the kernels' inner loops, what GCC and Clang are told and any other compiler skips:
+//   BD_ALWAYS_INLINE   a vector helper inlined into its caller (the registers it holds stay there)
+//   BD_UNROLL(n)       unroll the next loop n times (a loop over a tile's columns: registers)
+//   BD_PREFETCH(...)   __builtin_prefetch's request for a line ahead of its use
 #pragma once
 
 #if defined(__GNUC__) || defined(__clang__)
 #define BD_NOINLINE __attribute__((noinline))
 #define BD_COLD __attribute__((cold))
+#define BD_ALWAYS_INLINE __attribute__((always_inline))
+#define BD_PRAGMA(text) _Pragma(#text)
+#define BD_UNROLL(n) BD_PRAGMA(GCC unroll n)
+#define BD_PREFETCH(...) __builtin_prefetch(__VA_ARGS__)
 #elif defined(_MSC_VER)
 #define BD_NOINLINE __declspec(noinline)
 #define BD_COLD
+#define BD_ALWAYS_INLINE
+#define BD_UNROLL(n)
+#define BD_PREFETCH(...) ((void)0)
 #else
 #define BD_NOINLINE
 #define BD_COLD
+#define BD_ALWAYS_INLINE
+#define BD_UNROLL(n)
+#define BD_PREFETCH(...) ((void)0)
 #endif

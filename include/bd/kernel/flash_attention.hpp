@@ -116,8 +116,8 @@ Index key_chunks(const AttentionArguments<T>& a, Index rows) {
 /// ahead, see pack_key_panels), or into L2 only (2: flash_attention_on's next key block).
 template <int Locality = 3, typename T>
 void prefetch_run(const T* run, Index bk) {
-  for (Index k = 0; k < bk; k += Index(64 / sizeof(T))) __builtin_prefetch(run + k, 0, Locality);
-  __builtin_prefetch(run + bk - 1, 0, Locality);
+  for (Index k = 0; k < bk; k += Index(64 / sizeof(T))) BD_PREFETCH(run + k, 0, Locality);
+  BD_PREFETCH(run + bk - 1, 0, Locality);
 }
 
 /// Where channel c of [k | k_rope] of key head kh starts at key k0: keys lie channel by channel,

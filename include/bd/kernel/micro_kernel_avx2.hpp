@@ -38,25 +38,25 @@ namespace avx2 {
 struct OpsFloat {
   using V = __m256;
   static constexpr Index lanes = 8;
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V load(const float* p) { return _mm256_loadu_ps(p); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V set1(float s) { return _mm256_set1_ps(s); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V add(V a, V b) { return _mm256_add_ps(a, b); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) float sum(V v) { return hsum(v); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V load(const float* p) { return _mm256_loadu_ps(p); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V set1(float s) { return _mm256_set1_ps(s); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V add(V a, V b) { return _mm256_add_ps(a, b); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE float sum(V v) { return hsum(v); }
   /// Σ of the 8 lanes in three dependent adds (a scalar loop would chain seven).
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) float hsum(__m256 v) {
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE float hsum(__m256 v) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
   }
   // The softmax's operations (micro_kernel_simd.inc's softmax_panel).
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V sub(V a, V b) { return _mm256_sub_ps(a, b); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V max(V a, V b) { return _mm256_max_ps(a, b); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V max(V a, V b) { return _mm256_max_ps(a, b); }
   /// e^x: n = round(x·log₂e), r = x − n·ln2 in two parts, e^r by the polynomial, 2ⁿ built in the
   /// exponent bits; 0 below −87.3 (−∞ included: a masked score), NaN kept.
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V exp(V x) {
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V exp(V x) {
     const V keep = _mm256_cmp_ps(x, _mm256_set1_ps(exp_lowest), _CMP_NLT_UQ);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(exp_lowest)), _mm256_set1_ps(exp_highest));
     const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(exp_log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -71,21 +71,21 @@ struct OpsFloat {
 struct OpsDouble {
   using V = __m256d;
   static constexpr Index lanes = 4;
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V load(const double* p) { return _mm256_loadu_pd(p); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) void store(double* p, V v) { _mm256_storeu_pd(p, v); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V set1(double s) { return _mm256_set1_pd(s); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V add(V a, V b) { return _mm256_add_pd(a, b); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) double sum(V v) { return hsum(v); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) double hsum(__m256d v) {
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V load(const double* p) { return _mm256_loadu_pd(p); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE void store(double* p, V v) { _mm256_storeu_pd(p, v); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V set1(double s) { return _mm256_set1_pd(s); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V add(V a, V b) { return _mm256_add_pd(a, b); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE double sum(V v) { return hsum(v); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE double hsum(__m256d v) {
     const __m128d x = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
     return _mm_cvtsd_f64(_mm_add_sd(x, _mm_unpackhi_pd(x, x)));
   }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V sub(V a, V b) { return _mm256_sub_pd(a, b); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V mul(V a, V b) { return _mm256_mul_pd(a, b); }
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V max(V a, V b) { return _mm256_max_pd(a, b); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V sub(V a, V b) { return _mm256_sub_pd(a, b); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V mul(V a, V b) { return _mm256_mul_pd(a, b); }
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V max(V a, V b) { return _mm256_max_pd(a, b); }
   /// e^x lane by lane with std::exp: double attention is the tests' reference, not a fast path.
-  BD_TARGET_AVX2 static inline __attribute__((always_inline)) V exp(V x) {
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V exp(V x) {
     alignas(32) double lanes[4];
     _mm256_store_pd(lanes, x);
     for (double& v : lanes) v = std::exp(v);

@@ -31,26 +31,26 @@ namespace avx512 {
 struct OpsFloat {
   using V = __m512;
   static constexpr Index lanes = 16;
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V load(const float* p) { return _mm512_loadu_ps(p); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V set1(float s) { return _mm512_set1_ps(s); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V load(const float* p) { return _mm512_loadu_ps(p); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V set1(float s) { return _mm512_set1_ps(s); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   /// Σ of the 16 lanes: halves through memory (the zmm → ymm extract intrinsics are among the
   /// GCC 12 ones above), then the AVX2 reduction.
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V add(V a, V b) { return _mm512_add_ps(a, b); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) float sum(V v) {
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V add(V a, V b) { return _mm512_add_ps(a, b); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE float sum(V v) {
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, v);
     return avx2::OpsFloat::hsum(_mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8)));
   }
   // The softmax's operations (micro_kernel_simd.inc's softmax_panel). Written with the masked
   // intrinsics and an explicit source, which GCC 12 implements without an undefined vector.
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V sub(V a, V b) { return _mm512_sub_ps(a, b); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V max(V a, V b) { return _mm512_mask_max_ps(a, 0xFFFF, a, b); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V max(V a, V b) { return _mm512_mask_max_ps(a, 0xFFFF, a, b); }
   /// e^x as the AVX2 kernel computes it (micro_kernel_avx2.hpp), 2ⁿ applied by vscalefps; 0 below −87.3
   /// (−∞ included), NaN kept.
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V exp(V x) {
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V exp(V x) {
     const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_lowest), _CMP_NLT_UQ);
     x = _mm512_mask_max_ps(x, 0xFFFF, x, _mm512_set1_ps(exp_lowest));
     x = _mm512_mask_min_ps(x, 0xFFFF, x, _mm512_set1_ps(exp_highest));
@@ -66,21 +66,21 @@ struct OpsFloat {
 struct OpsDouble {
   using V = __m512d;
   static constexpr Index lanes = 8;
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V load(const double* p) { return _mm512_loadu_pd(p); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) void store(double* p, V v) { _mm512_storeu_pd(p, v); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V set1(double s) { return _mm512_set1_pd(s); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V add(V a, V b) { return _mm512_add_pd(a, b); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) double sum(V v) {
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V load(const double* p) { return _mm512_loadu_pd(p); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE void store(double* p, V v) { _mm512_storeu_pd(p, v); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V set1(double s) { return _mm512_set1_pd(s); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V add(V a, V b) { return _mm512_add_pd(a, b); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE double sum(V v) {
     alignas(64) double lanes[8];
     _mm512_store_pd(lanes, v);
     return avx2::OpsDouble::hsum(_mm256_add_pd(_mm256_load_pd(lanes), _mm256_load_pd(lanes + 4)));
   }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V sub(V a, V b) { return _mm512_sub_pd(a, b); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V mul(V a, V b) { return _mm512_mul_pd(a, b); }
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V max(V a, V b) { return _mm512_mask_max_pd(a, 0xFF, a, b); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V sub(V a, V b) { return _mm512_sub_pd(a, b); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V mul(V a, V b) { return _mm512_mul_pd(a, b); }
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V max(V a, V b) { return _mm512_mask_max_pd(a, 0xFF, a, b); }
   /// e^x lane by lane with std::exp: double attention is the tests' reference, not a fast path.
-  BD_TARGET_AVX512 static inline __attribute__((always_inline)) V exp(V x) {
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V exp(V x) {
     alignas(64) double lanes[8];
     _mm512_store_pd(lanes, x);
     for (double& v : lanes) v = std::exp(v);
@@ -98,22 +98,22 @@ struct OpsDouble {
 /// products of its word's high halves, then of its low halves, each rounded once as an FMA rounds:
 /// the tile is tile_columns on twice the channels, half the loads and instructions.
 template <int N>
-BD_TARGET_AVX512_BF16 inline __attribute__((always_inline)) void pair_tile_columns(Index kp, const float* A, const float* B,
+BD_TARGET_AVX512_BF16 inline BD_ALWAYS_INLINE void pair_tile_columns(Index kp, const float* A, const float* B,
                                                                                   Index ldb, const float* const* src,
                                                                                   const float* values, float* const* dst,
                                                                                   Index prefetch) {
   __m512 c0[N], c1[N];
-#pragma GCC unroll 16
+BD_UNROLL(16)
   for (int j = 0; j < N; ++j) {
     if (src) c0[j] = _mm512_loadu_ps(src[j]), c1[j] = _mm512_loadu_ps(src[j] + 16);
     else c0[j] = c1[j] = _mm512_set1_ps(values ? values[j] : 0.0f);
   }
   for (Index k = 0; k < kp; ++k, A += 32, B += ldb) {
     if (prefetch)
-#pragma GCC unroll 2
-      for (Index l = 0; l < 2; ++l) __builtin_prefetch(reinterpret_cast<const char*>(A) + prefetch + 64 * l);
+BD_UNROLL(2)
+      for (Index l = 0; l < 2; ++l) BD_PREFETCH(reinterpret_cast<const char*>(A) + prefetch + 64 * l);
     const __m512bh a0 = (__m512bh)_mm512_loadu_si512(A), a1 = (__m512bh)_mm512_loadu_si512(A + 16);
-#pragma GCC unroll 16
+BD_UNROLL(16)
     for (int j = 0; j < N; ++j) {
       std::uint32_t word;
       std::memcpy(&word, B + j, sizeof word);
@@ -121,7 +121,7 @@ BD_TARGET_AVX512_BF16 inline __attribute__((always_inline)) void pair_tile_colum
       c0[j] = _mm512_dpbf16_ps(c0[j], a0, b), c1[j] = _mm512_dpbf16_ps(c1[j], a1, b);
     }
   }
-#pragma GCC unroll 16
+BD_UNROLL(16)
   for (int j = 0; j < N; ++j) _mm512_storeu_ps(dst[j], c0[j]), _mm512_storeu_ps(dst[j] + 16, c1[j]);
 }
 

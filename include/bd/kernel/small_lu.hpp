@@ -134,14 +134,14 @@ private:
       const T* col = t + p * ldt;
       for (int g = 0; g < G; ++g) a[g] = unit_lower ? x[g][p] : (x[g][p] /= col[p]);
       for (Index i = p + 1; i < n; ++i)
-#pragma GCC unroll 4
+BD_UNROLL(4)
         for (int g = 0; g < G; ++g) x[g][i] -= a[g] * col[i];
     }
     for (Index p = n - 1; p >= 0; --p) {  // upper: x_p final, then taken from the rows above
       const T* col = t + p * ldt;
       for (int g = 0; g < G; ++g) a[g] = unit_lower ? (x[g][p] /= col[p]) : x[g][p];
       for (Index i = 0; i < p; ++i)
-#pragma GCC unroll 4
+BD_UNROLL(4)
         for (int g = 0; g < G; ++g) x[g][i] -= a[g] * col[i];
     }
   }
