@@ -1,6 +1,6 @@
 // bd/kernel/micro_kernel_avx2.hpp — micro-kernels for AVX2 + FMA (Haswell, Zen 1 and later),
 // compiled through target attributes whatever flags the including program uses; called only
-// when cpu_has(Isa::AVX2) (gemm.hpp dispatches).
+// when cpu_has(Isa::AVX2) (dispatch.hpp chooses).
 //
 // tile: an MR × NR block of the output in registers, MR rows along the SIMD lanes (two ymm
 // registers), NR = 6 columns broadcast from the packed B panel: 12 accumulators + 2 A registers

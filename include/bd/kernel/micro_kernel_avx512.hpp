@@ -1,6 +1,6 @@
 // bd/kernel/micro_kernel_avx512.hpp — micro-kernels for AVX-512 (F, BW, DQ, VL: Skylake-X and
 // later, Zen 4 and later), compiled through target attributes whatever flags the including
-// program uses; called only when cpu_has(Isa::AVX512) (gemm.hpp dispatches).
+// program uses; called only when cpu_has(Isa::AVX512) (dispatch.hpp chooses).
 //
 // tile: MR rows along two zmm registers (32 floats / 16 doubles) by NR = 12 broadcast columns:
 // 24 accumulators + 2 A registers + 1 broadcast of the 32 zmm registers; per k, 2 loads of A,
