@@ -23,6 +23,7 @@
 // a 16k-token forward at DeepSeek-V3's shape) until release().
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -53,14 +54,15 @@ public:
 
   /// Frees every buffer of every thread. Not while a computation is using this workspace.
   void release() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    arenas_.clear();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->arenas.clear();
   }
 
-  /// Threads that have scratch here.
+  /// Threads that have scratch here. A thread's scratch is freed when the thread ends, so a
+  /// server whose workers come and go keeps only the live ones'.
   std::size_t threads() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return arenas_.size();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->arenas.size();
   }
 
 private:
@@ -73,6 +75,30 @@ private:
     Owned object;
   };
   using Arena = std::vector<Slot>;
+  struct State {
+    std::mutex mutex;
+    std::unordered_map<std::thread::id, std::unique_ptr<Arena>> arenas;
+  };
+
+  /// Each thread's record of the workspaces it has an arena in; when the thread ends, it drops
+  /// its arena from every one still alive (the weak pointers: a workspace may go first). It holds
+  /// no scratch itself.
+  struct ThreadExit {
+    std::vector<std::weak_ptr<State>> states;
+    ~ThreadExit() {
+      const std::thread::id me = std::this_thread::get_id();
+      for (const auto& weak : states) {
+        const std::shared_ptr<State> state = weak.lock();
+        if (!state) continue;
+        std::unique_ptr<Arena> arena;  // freed outside the lock
+        std::lock_guard<std::mutex> lock(state->mutex);
+        const auto it = state->arenas.find(me);
+        if (it == state->arenas.end()) continue;
+        arena = std::move(it->second);
+        state->arenas.erase(it);
+      }
+    }
+  };
 
   /// local()'s lookup, one function for every scratch type (and not inlined into each of the
   /// stages that call local(): a lock, a hash lookup and a search, at a few dozen call sites).
@@ -86,14 +112,21 @@ private:
   }
 
   Arena& arena_of_this_thread() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& arena = arenas_[std::this_thread::get_id()];
-    if (!arena) arena = std::make_unique<Arena>();
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    auto& arena = state_->arenas[std::this_thread::get_id()];
+    if (!arena) {
+      arena = std::make_unique<Arena>();
+      lock.unlock();
+      thread_local ThreadExit at_exit;
+      const auto same = [&](const std::weak_ptr<State>& w) { return !w.owner_before(state_) && !state_.owner_before(w); };
+      auto& states = at_exit.states;  // a workspace gone before this thread is dropped here
+      states.erase(std::remove_if(states.begin(), states.end(), [](const auto& w) { return w.expired(); }), states.end());
+      if (std::none_of(states.begin(), states.end(), same)) states.push_back(state_);
+    }
     return *arena;  // only this thread reads or grows it; the map never moves it
   }
 
-  mutable std::mutex mutex_;
-  std::unordered_map<std::thread::id, std::unique_ptr<Arena>> arenas_;
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 /// A grow-only array of T for a stage's scratch (a Workspace's type holds one or more): reserve(n)
