@@ -95,9 +95,9 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
   }
   // A narrow B's columns (rows' runs), or any B's rounded for bf16 compute, are converted once
   // into their thread's buffer, then read by every row of X.
-  const bool convert = !std::is_same_v<S, T> || bf16;
+  const bool convert = !std::is_same_v<S, T> || bf16;  // a float B in bf16 compute: rounded copies
   const auto convert_run = [bf16](const S* from, Index n, T* to) {
-    if constexpr (bf16_possible) {
+    if constexpr (bf16_possible && std::is_same_v<S, T>) {  // a float B rounded; a bfloat16 B widens exactly
       if (bf16) {
         for (Index k = 0; k < n; ++k) to[k] = bf16_value(from[k]);
         return;
