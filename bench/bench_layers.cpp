@@ -8,6 +8,9 @@
 //                                (interleaved.hpp): each one's median, their ratio and its share
 //                                of the FLOP ratio, from the same seconds of the machine; the
 //                                forward's rotation holds the GEMM yardstick too (its share);
+//   attention/interleaved_bf16/<L>  the same with both layers stored in bf16 and computing in bf16
+//                                (their projections; the attention itself stays f32) and the
+//                                yardstick GEMM in bf16 too: the shares of the bf16 GEMM rate;
 //   attention/flash/<L>          the layers' attention alone (flash attention, causal), with the
 //                                GEMM yardstick in turn: its share of the GEMM rate;
 //   gemm/bd_kernel/<L>           the dense GEMM rate of bd's kernel in the same run (the yardstick);
@@ -241,6 +244,53 @@ void attention_interleaved(benchmark::State& state) {
   state.counters["bda_share_of_gemm"] = bd.total / t[1] / rate;
 }
 
+/// The same pair stored in bf16 and computing in bf16 (compute.hpp).
+struct Bf16AttentionPair {
+  MultiHeadAttention<Eigen::bfloat16> dense;
+  BDAttention<Eigen::bfloat16> bd;
+};
+
+const Bf16AttentionPair& bf16_attention_pair() {
+  static const Bf16AttentionPair pair = [] {
+    const AttentionPair& f32 = attention_pair();
+    Bf16AttentionPair p{f32.dense.cast<Eigen::bfloat16>(),
+                        BDAttention<Eigen::bfloat16>::prepare(f32.dense, bd::nn::BDAttentionOptions{}.with_basis(bd::Basis::First))};
+    p.dense.set_compute(bd::kernel::Compute::BF16);
+    p.bd.set_compute(bd::kernel::Compute::BF16);
+    return p;
+  }();
+  return pair;
+}
+
+/// attention/interleaved_bf16/<L>: attention_interleaved's three calls in bf16: the two layers
+/// stored and computing in bf16, the output projection's GEMM on bf16 weights in bf16 compute.
+void attention_interleaved_bf16(benchmark::State& state) {
+  const Bf16AttentionPair& pair = bf16_attention_pair();
+  const Index L = state.range(0), depth = kHeads * kHeadDim;
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, kHidden), o = Eigen::MatrixXf::Random(L, depth);
+  const Eigen::Matrix<Eigen::bfloat16, -1, -1> w = Eigen::MatrixXf::Random(depth, kHidden).cast<Eigen::bfloat16>();
+  Eigen::MatrixXf y(L, kHidden);
+  const auto call = [&](bool bd) {
+    return [&, bd] {
+      Eigen::MatrixXf out = bd ? pair.bd.forward(x) : pair.dense.forward(x);
+      benchmark::DoNotOptimize(out.data());
+    };
+  };
+  const auto gemm = [&] {
+    bd::kernel::linear_into<float, Eigen::bfloat16>(o.data(), L, L, depth, w.data(), depth, false, kHidden, nullptr, y.data(), L, 0,
+                                                    bd::default_workspace(), bd::kernel::Compute::BF16);
+    benchmark::DoNotOptimize(y.data());
+  };
+  const std::vector<double> t = bd_bench::time_interleaved(state, {call(false), call(true), gemm});
+  const double keys = (double(L) + 1) / 2;
+  const LayerFlops dense = attention_flops(double(L), keys, false), bd = attention_flops(double(L), keys, true);
+  interleaved_counters(state, t, dense, bd);
+  const double rate = 2.0 * double(L) * double(depth) * double(kHidden) / t[2];
+  state.counters["gemm_bf16_GFLOP/s"] = rate * 1e-9;
+  state.counters["mha_share_of_gemm"] = dense.total / t[0] / rate;
+  state.counters["bda_share_of_gemm"] = bd.total / t[1] / rate;
+}
+
 /// attention/flash/<L>: the layer's attention alone — flash attention's causal softmax(Q·Kᵀ)·V for
 /// its 128 heads over L tokens (d_qk 128 + RoPE 64, d_v 128), as the forward calls it — and the
 /// output projection's GEMM (gemm_rate's) in turn: its FLOP rate (the causal half of the scores
@@ -449,6 +499,8 @@ int register_all() {
   }
   benchmark::RegisterBenchmark("attention/interleaved", attention_interleaved)
       ->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+  benchmark::RegisterBenchmark("attention/interleaved_bf16", attention_interleaved_bf16)
+      ->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
   benchmark::RegisterBenchmark("attention/flash", flash_interleaved)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
   benchmark::RegisterBenchmark("decode/interleaved", decode_interleaved)
       ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);

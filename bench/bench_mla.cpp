@@ -13,6 +13,8 @@
 //                                              seconds (weights at the read rate, attention at
 //                                              the GEMM rate): bd_share_of_floor;
 //   prefill/mla_chunk/interleaved/<context>    the same for the chunk (automatic path).
+//   decode/mla_absorbed/interleaved_bf16/<context>  the token with both layers stored and
+//                                              computing in bf16 (the latent cache in f32).
 //
 // The layer is DeepSeek-V3's at full size (config.json of deepseek-ai/DeepSeek-V3): hidden 7168,
 // 128 heads, query LoRA 1536, latent 512, nope 128, rope 64, v 128; weights uniform with the
@@ -175,6 +177,44 @@ void decode_absorbed_interleaved(benchmark::State& state) {
   state.counters["bd_share_of_floor"] = floor / t[1];
 }
 
+/// The pair stored in bf16 and computing in bf16 (compute.hpp); the latent cache stays f32.
+struct Bf16MlaPair {
+  MultiHeadAttention<Eigen::bfloat16> dense;
+  BDAttention<Eigen::bfloat16> bd;
+};
+
+const Bf16MlaPair& bf16_mla_pair() {
+  static const Bf16MlaPair pair = [] {
+    const MlaPair& f32 = mla_pair();
+    Bf16MlaPair p{f32.dense.cast<Eigen::bfloat16>(),
+                  BDAttention<Eigen::bfloat16>::prepare(f32.dense, bd::nn::BDAttentionOptions{}.with_basis(bd::Basis::First))};
+    p.dense.set_compute(bd::kernel::Compute::BF16);
+    p.bd.set_compute(bd::kernel::Compute::BF16);
+    return p;
+  }();
+  return pair;
+}
+
+/// decode/mla_absorbed/interleaved_bf16/<context>: the two layers' token in bf16 (stored and
+/// computing), each on its own f32 latent cache, in turn: medians and ratio.
+void decode_absorbed_interleaved_bf16(benchmark::State& state) {
+  const Bf16MlaPair& pair = bf16_mla_pair();
+  const Index context = state.range(0);
+  auto dense_cache = filled_cache(context, 1), bd_cache = filled_cache(context, 1);
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
+  const auto token = [&](bool bd, bd::nn::LatentCache<float>& cache) {
+    return [&, bd] {
+      Eigen::MatrixXf y = bd ? pair.bd.decode_absorbed(x, cache) : pair.dense.decode_absorbed(x, cache);
+      benchmark::DoNotOptimize(y.data());
+      cache.truncate(context);
+    };
+  };
+  std::vector<std::vector<double>> seconds;
+  const std::vector<double> t = bd_bench::time_interleaved(state, {token(false, dense_cache), token(true, bd_cache)}, {}, &seconds);
+  const DecodeFlops f(mla_pair(), context);
+  pair_counters(state, t, seconds, f.dense, f.bd);
+}
+
 /// A chunk of kChunk tokens prefilled by the dense or the BD layer over `context` cached ones,
 /// by `path`; the cache back to `context` tokens.
 void prefill_tokens(const MlaPair& pair, bool bd, const Eigen::MatrixXf& x, bd::nn::LatentCache<float>& cache, Index context,
@@ -249,6 +289,8 @@ int register_all() {
                                  [bd](benchmark::State& s) { prefill_chunk(s, bd, bd::nn::PrefillPath::Recompute); })
         ->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
   }
+  benchmark::RegisterBenchmark("decode/mla_absorbed/interleaved_bf16", decode_absorbed_interleaved_bf16)
+      ->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
   benchmark::RegisterBenchmark("decode/mla_absorbed/interleaved", decode_absorbed_interleaved)
       ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
   benchmark::RegisterBenchmark("prefill/mla_chunk/interleaved", prefill_chunk_interleaved)
