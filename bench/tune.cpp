@@ -96,6 +96,7 @@ struct Workloads {
     a.q_len = 1, a.k_len = Lk, a.n_q = rows, a.d_qk = latent, a.d_rope = rope, a.d_v = latent;
     a.q = rows == heads ? qa.data() : q4.data(), a.ldq = 1, a.qr = qr.data(), a.ldqr = 1;
     a.k = cache.data(), a.ldk = Lk, a.kr = cache_rope.data(), a.ldkr = Lk, a.v = cache.data(), a.ldv = Lk;
+    a.values_are_keys = true;
     a.out = rows == heads ? oa.data() : o4.data(), a.ldo = 1, a.scale = 0.05f;
     bd::kernel::flash_attention(a);
   }

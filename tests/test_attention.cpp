@@ -272,3 +272,18 @@ TEST_CASE("bad layers and inputs are refused with what was expected", "[attentio
                              Contains("holds nan at (3, 3)"));
   BD_CHECK_THROWS_CONTAINING(bd::nn::parse_mode("kv"), bd::RangeError, Contains("expected qk, vo or qkvo"));
 }
+
+TEST_CASE("attend reads the values from the keys only when told they are the keys' channels", "[attention][attend]") {
+  // Absorbed MLA attends every head to one latent that is both key and value: its caller says so
+  // (AttendSpec::values_are_keys) and the kernel may read the values from the keys' runs. The
+  // result is the one the values as a separate matrix give, to the bit; a V that is not K is refused.
+  bd::nn::AttendSpec s;
+  s.n_q = 16, s.n_k = 1, s.d_qk = s.d_v = 24, s.scale = 0.2, s.causal = true;
+  const Eigen::MatrixXf Q = bd_test::gaussian(5, 16 * 24, 1).cast<float>(), C = bd_test::gaussian(300, 24, 2).cast<float>();
+  const Eigen::MatrixXf copy = C;
+  const Eigen::MatrixXf apart = bd::nn::attend<float>(Q, C, copy, s);
+  s.values_are_keys = true;
+  const Eigen::MatrixXf shared = bd::nn::attend<float>(Q, C, C, s);
+  CHECK(shared == apart);
+  BD_CHECK_THROWS_CONTAINING(bd::nn::attend<float>(Q, C, copy, s), bd::ShapeError, Contains("values_are_keys"));
+}

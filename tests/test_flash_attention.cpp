@@ -81,6 +81,7 @@ std::pair<MatrixXd, double> attend(const Shape& s, unsigned seed, int threads) {
   a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq;
   a.k = K.data(), a.ldk = ld, a.kr = Kr.data(), a.ldkr = ld;
   a.v = s.values_are_keys ? K.data() : V.data(), a.ldv = s.values_are_keys ? ld : V.rows();
+  a.values_are_keys = s.values_are_keys;
   M O = M::Constant(s.Lq, s.n_q * s.d_v, T(7));
   a.out = O.data(), a.ldo = s.Lq;
   a.scale = T(scale), a.causal = s.causal, a.first_query_position = s.first;

@@ -76,6 +76,10 @@ struct AttentionArguments {
   /// row_max = −∞, row_sum = 0, out = 0.
   T* row_max = nullptr;
   T* row_sum = nullptr;
+  /// V is K's first d_v channels (absorbed MLA: the latent is both; v = k, ldv = ldk, one head
+  /// each or d_v = d_qk), so that the kernel may read the values from the keys' runs. The caller
+  /// says so; nothing is inferred from the pointers.
+  bool values_are_keys = false;
 };
 
 namespace detail {
@@ -213,289 +217,311 @@ FlashTileKernel<T> flash_tile_kernel() {
 /// The most MR-row panels a task has: Bq ≤ 256 rows rounded up to MR (Context::query_block), MR ≥ 2.
 constexpr Index max_flash_panels = 129;
 
-template <typename T>
-void flash_attention_on(const AttentionArguments<T>& whole, int threads, const FlashTileKernel<T>& kernel, const Context& context,
-                        FlashScratch<T>& scratch) {
-  const Index MR = kernel.mr, NR = kernel.nr;
-  const Index groups = std::lcm(whole.n_k, whole.n_v), group = whole.n_q / groups;  // heads sharing a key and a value head
-  const Index rows = group * whole.q_len, D = whole.d_qk + whole.d_rope, dv = whole.d_v;
-  const Index chunks = key_chunks(whole, rows);
-  // Split keys: a task takes all of its group's rows, so each key is packed once (key_chunks).
-  const Index Bk = context.key_block(D, dv, sizeof(T)), dv_padded = round_up(dv, NR);
-  const Index Bq = chunks > 1 ? round_up(rows, MR) : context.query_block(MR, D, dv_padded, sizeof(T));
-  const Index prefetch = context.tuning.tile_prefetch, pack_ahead = context.tuning.pack_prefetch;
-  const Index row_blocks = (rows + Bq - 1) / Bq, tasks = groups * row_blocks;
-  const Index panels = Bq / MR;
-  assert(panels <= max_flash_panels);
-  // Keys read in place (the context's choice: Tuning::keys_in_place): a score tile's B panel is NR
+/// What flash_attention_on decides before it reads a key: the blocks, the tasks (a group of query
+/// heads sharing a key and a value head, a block of its rows) and the chunks its keys are split
+/// into, which operands are read in place, and the layout of each worker's buffers.
+struct FlashPlan {
+  Index MR = 0, NR = 0;
+  Index groups = 0, group = 0;            ///< key/value head groups, query heads per group
+  Index rows = 0, q_len = 0;              ///< rows per group (group·Lq), Lq
+  Index D = 0, dv = 0, dv_padded = 0;     ///< score depth d_qk + d_rope, value width (padded to NR)
+  Index chunks = 1;                       ///< key chunks (key_chunks), each unit's keys
+  Index Bk = 0, Bq = 0, panels = 0;       ///< keys per block, rows per task, MR-row panels per task
+  Index row_blocks = 0, tasks = 0, units = 0;
+  Index prefetch = 0, pack_ahead = 0;     ///< Tuning::tile_prefetch, Tuning::pack_prefetch
+  // Keys read in place (the context's choice, Tuning::keys_in_place): a score tile's B panel is NR
   // keys of each of D channels, which lie contiguous in K's columns, so the tile reads them there,
   // ldk apart, instead of from a packed copy, and the next block's runs are brought into L2 during
   // this block's last panel. Packing a block reads D runs far apart from memory, one after another,
   // with nothing to overlap. In place, the same FMAs in the same order (the RoPE channels continue
   // from the stored accumulators): the same bits.
-  const bool keys_in_place = context.keys_in_place();
-  // Values that are the keys' first channels — absorbed MLA, where the latent is both — are read
-  // in place too (Tuning::values_in_place): the block's score tiles have just brought its lines into
-  // L2, and P·V reads them there (tile_transposed: a tile's NR channels are NR runs of the block's
-  // keys) instead of copying them into NR-channel panels first. Other values keep their panels:
-  // from memory, their packing's prefetch ahead of each run is what keeps P·V fed.
-  const bool values_are_keys = whole.v == whole.k && whole.ldv == whole.ldk && whole.d_v <= whole.d_qk &&
-                               whole.n_k == whole.n_v && (whole.n_k == 1 || whole.d_v == whole.d_qk);
-  const bool values_in_place = context.values_in_place() && values_are_keys;
-  // Per worker: packed queries, keys (unless read in place) and values of one
-  // block, one panel's scores (used up before the next panel's), output accumulators, and the
-  // rows' running max, sum, rescaling factor and position.
-  const Index q_size = Bq * D, k_size = keys_in_place ? 0 : round_up(Bk, NR) * D, v_size = values_in_place ? 0 : Bk * dv_padded;
-  const Index s_size = MR * round_up(Bk, NR);
-  const Index o_size = Bq * dv_padded, stats = 3 * Bq;
-  const Index per_worker = q_size + k_size + v_size + s_size + o_size + stats;
-  const Index workers = std::max(1, threads);
-  T* const buffers = scratch.values.reserve(static_cast<std::size_t>(per_worker * workers));
-  Index* const positions = scratch.positions.reserve(static_cast<std::size_t>(3 * Bq * workers));  // pos, head, token
-  const Index no_mask = std::numeric_limits<Index>::max() / 2;
-  // Each chunk of keys is a call of its own over the chunk's keys (parts[c]); unit (task, chunk)
-  // leaves its unnormalised output accumulators, packed as the unit computed them, and its rows'
-  // max and sum in its slot of `partials`, merged once all units are done (merge_units below):
-  // no unit unpacks its output.
-  AttentionArguments<T>* const parts = chunks > 1 ? scratch.parts.reserve(static_cast<std::size_t>(chunks)) : nullptr;
-  const Index slot_size = o_size + 2 * Bq;
-  T* const partial = chunks > 1 ? scratch.partials.reserve(static_cast<std::size_t>(tasks * chunks * slot_size)) : nullptr;
-  if (chunks > 1) {
-    const Index chunk_keys = (whole.k_len + chunks - 1) / chunks;
-    for (Index c = 0; c < chunks; ++c) {
-      AttentionArguments<T> part = whole;
-      const Index k0 = c * chunk_keys;
-      part.k_len = std::min(chunk_keys, whole.k_len - k0);
-      part.k += k0, part.v += k0, part.first_key_position += k0;
-      if (whole.d_rope) part.kr += k0;
-      parts[c] = part;
-    }
+  bool keys_in_place = false;
+  // Values that are the keys' first channels — absorbed MLA, whose caller says so
+  // (AttentionArguments::values_are_keys) — read in place too (Tuning::values_in_place): the
+  // block's score tiles have just brought its lines into L2, and P·V reads them there
+  // (tile_transposed: a tile's NR channels are NR runs of the block's keys) instead of copying them
+  // into NR-channel panels first. Other values keep their panels: from memory, their packing's
+  // prefetch ahead of each run is what keeps P·V fed.
+  bool values_in_place = false;
+  // Per worker: packed queries, keys (unless read in place) and values of one block, one panel's
+  // scores (used up before the next panel's), output accumulators, and the rows' running max, sum
+  // and rescaling factor; with split keys a unit's accumulators and max and sum are its slot.
+  Index q_size = 0, k_size = 0, v_size = 0, s_size = 0, o_size = 0, per_worker = 0, slot_size = 0;
+
+  // Task t is group t / row_blocks, and a group's row blocks go last first. A group's tasks thus
+  // run one after another and read its keys and values (every task packs those its rows see) from
+  // cache; with the groups interleaved (t % groups), every task would read them from memory. Last
+  // first because under the causal mask a block's work grows with its rows' positions: the last
+  // task handed out is the smallest block of the last group, not a large one that one thread runs alone.
+  Index task_group(Index task) const { return task / row_blocks; }
+  Index task_first_row(Index task) const { return (row_blocks - 1 - task % row_blocks) * Bq; }
+  Index task_rows(Index task) const { return std::min(Bq, rows - task_first_row(task)); }
+  /// Whether the panel at row p0 of a task's nrows rows is MR consecutive tokens of one head
+  /// (every full panel of a prefill, but where a head's tokens end): its queries and outputs are
+  /// then one contiguous run per channel.
+  bool consecutive_tokens(const Index* token, Index p0, Index nrows) const {
+    return p0 + MR <= nrows && token[p0] + MR <= q_len;
   }
-  // Task t is group t / row_blocks, and a group's row blocks go last first. A group's tasks thus run
-  // one after another and read its keys and values (every task packs those its rows see) from
-  // cache; with the groups interleaved (t % groups), every task would read them from memory. Last first because
-  // under the causal mask a block's work grows with its rows' positions: the last task handed out
-  // is the smallest block of the last group, not a large one that one thread runs alone.
-  const auto task_group = [&](Index task) { return task / row_blocks; };
-  const auto task_first_row = [&](Index task) { return (row_blocks - 1 - task % row_blocks) * Bq; };
-  // Whether the panel at row p0 of a task's nrows rows is MR consecutive tokens of one head (every
-  // full panel of a prefill, but where a head's tokens end): its queries and outputs are then one
-  // contiguous run per channel.
-  const auto consecutive_tokens = [&](const Index* token, Index p0, Index nrows) {
-    return p0 + MR <= nrows && token[p0] + MR <= whole.q_len;
-  };
-  // A task's rows (query head and token of each; rows past the end are never masked) and its
-  // queries, scaled: qp[p·MR·D + k·MR + i] for row p·MR + i of the block, zero rows past the end.
-  // Channel by channel, each read down a column of Q: row by row, every read was a column apart,
-  // and packing and unpacking rows that way took half of the attention's time.
-  const auto prepare_rows = [&](Index task, Index* pos, T* qp) {
-    const Index g = task_group(task), r0 = task_first_row(task), nrows = std::min(Bq, rows - r0);
-    Index* const head = pos + Bq;
-    Index* const token = head + Bq;
-    for (Index i = 0; i < Bq; ++i) {
-      if (i >= nrows) {
-        pos[i] = no_mask;
+};
+
+/// Marks a padding row: never masked.
+constexpr Index flash_no_mask = std::numeric_limits<Index>::max() / 2;
+
+template <typename T>
+FlashPlan plan_flash(const AttentionArguments<T>& whole, const FlashTileKernel<T>& kernel, const Context& context) {
+  FlashPlan p;
+  p.MR = kernel.mr, p.NR = kernel.nr;
+  p.groups = std::lcm(whole.n_k, whole.n_v), p.group = whole.n_q / p.groups;
+  p.rows = p.group * whole.q_len, p.q_len = whole.q_len;
+  p.D = whole.d_qk + whole.d_rope, p.dv = whole.d_v, p.dv_padded = round_up(p.dv, p.NR);
+  p.chunks = key_chunks(whole, p.rows);
+  // Split keys: a task takes all of its group's rows, so each key is packed once (key_chunks).
+  p.Bk = context.key_block(p.D, p.dv, sizeof(T));
+  p.Bq = p.chunks > 1 ? round_up(p.rows, p.MR) : context.query_block(p.MR, p.D, p.dv_padded, sizeof(T));
+  p.prefetch = context.tuning.tile_prefetch, p.pack_ahead = context.tuning.pack_prefetch;
+  p.row_blocks = (p.rows + p.Bq - 1) / p.Bq, p.tasks = p.groups * p.row_blocks, p.units = p.tasks * p.chunks;
+  p.panels = p.Bq / p.MR;
+  assert(p.panels <= max_flash_panels);
+  p.keys_in_place = context.keys_in_place();
+  // The caller's word, held to what reading V from K's runs needs (one latent for every head).
+  const bool values_are_keys = whole.values_are_keys && whole.v == whole.k && whole.ldv == whole.ldk &&
+                               whole.d_v <= whole.d_qk && whole.n_k == whole.n_v && (whole.n_k == 1 || whole.d_v == whole.d_qk);
+  assert(values_are_keys == whole.values_are_keys && "AttentionArguments::values_are_keys: V is not K's first channels");
+  p.values_in_place = context.values_in_place() && values_are_keys;
+  p.q_size = p.Bq * p.D, p.k_size = p.keys_in_place ? 0 : round_up(p.Bk, p.NR) * p.D;
+  p.v_size = p.values_in_place ? 0 : p.Bk * p.dv_padded;
+  p.s_size = p.MR * round_up(p.Bk, p.NR);
+  p.o_size = p.Bq * p.dv_padded;
+  p.per_worker = p.q_size + p.k_size + p.v_size + p.s_size + p.o_size + 3 * p.Bq;
+  p.slot_size = p.o_size + 2 * p.Bq;
+  return p;
+}
+
+/// A task's rows (query head and token of each; rows past the end are never masked) and its
+/// queries, scaled: qp[p·MR·D + k·MR + i] for row p·MR + i of the block, zero rows past the end.
+/// Channel by channel, each read down a column of Q: row by row, every read was a column apart,
+/// and packing and unpacking rows that way took half of the attention's time.
+template <typename T>
+void prepare_rows(const FlashPlan& plan, const AttentionArguments<T>& whole, Index task, Index* pos, T* qp) {
+  const Index MR = plan.MR, D = plan.D, Bq = plan.Bq;
+  const Index g = plan.task_group(task), r0 = plan.task_first_row(task), nrows = plan.task_rows(task);
+  Index* const head = pos + Bq;
+  Index* const token = head + Bq;
+  for (Index i = 0; i < Bq; ++i) {
+    if (i >= nrows) {
+      pos[i] = flash_no_mask;
+      continue;
+    }
+    const Index r = r0 + i;
+    head[i] = g * plan.group + r / whole.q_len, token[i] = r % whole.q_len;
+    pos[i] = whole.causal ? whole.first_query_position + token[i] : flash_no_mask;
+  }
+  for (Index k = 0; k < D; ++k) {
+    T* to = qp + k * MR;
+    const bool rope = k >= whole.d_qk;
+    const T* from = rope ? whole.qr + (k - whole.d_qk) * whole.ldqr : whole.q + k * whole.ldq;
+    const Index head_stride = rope ? whole.d_rope * whole.ldqr : whole.d_qk * whole.ldq;
+    // Row i = p0 + t of the block sits at qp[p0·D + k·MR + t] (panel by panel: MR is a run-time
+    // value here, and a division per element cost 5–10 % of a causal prefill). A panel of
+    // consecutive tokens reads one contiguous run of the column: a vector loop instead of a
+    // gather per element.
+    for (Index p0 = 0; p0 < Bq; p0 += MR) {
+      if (plan.consecutive_tokens(token, p0, nrows)) {
+        const T* run = from + head[p0] * head_stride + token[p0];
+        for (Index t = 0; t < MR; ++t) to[p0 * D + t] = run[t] * whole.scale;
         continue;
       }
-      const Index r = r0 + i;
-      head[i] = g * group + r / whole.q_len, token[i] = r % whole.q_len;
-      pos[i] = whole.causal ? whole.first_query_position + token[i] : no_mask;
-    }
-    for (Index k = 0; k < D; ++k) {
-      T* to = qp + k * MR;
-      const bool rope = k >= whole.d_qk;
-      const T* from = rope ? whole.qr + (k - whole.d_qk) * whole.ldqr : whole.q + k * whole.ldq;
-      const Index head_stride = rope ? whole.d_rope * whole.ldqr : whole.d_qk * whole.ldq;
-      // Row i = p0 + t of the block sits at qp[p0·D + k·MR + t] (panel by panel: MR is a run-time
-      // value here, and a division per element cost 5–10 % of a causal prefill). A panel of
-      // consecutive tokens reads one contiguous run of the column: a vector loop instead of a
-      // gather per element.
-      for (Index p0 = 0; p0 < Bq; p0 += MR) {
-        if (consecutive_tokens(token, p0, nrows)) {
-          const T* run = from + head[p0] * head_stride + token[p0];
-          for (Index t = 0; t < MR; ++t) to[p0 * D + t] = run[t] * whole.scale;
-          continue;
-        }
-        for (Index t = 0, i = p0; t < MR; ++t, ++i)
-          to[p0 * D + t] = i < nrows ? from[head[i] * head_stride + token[i]] * whole.scale : T(0);
-      }
-    }
-  };
-  // Split keys: each task's rows and queries once for all of its chunks (they do not depend on
-  // the keys), then every (task, chunk) a unit of work.
-  T* const shared_queries = chunks > 1 ? scratch.queries.reserve(static_cast<std::size_t>(tasks * q_size)) : nullptr;
-  Index* const shared_positions = chunks > 1 ? scratch.task_positions.reserve(static_cast<std::size_t>(tasks * 3 * Bq)) : nullptr;
-  for (Index task = 0; chunks > 1 && task < tasks; ++task)
-    prepare_rows(task, shared_positions + task * 3 * Bq, shared_queries + task * q_size);
-  const Index units = tasks * chunks;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)
-#endif
-  for (Index unit = 0; unit < units; ++unit) {
-#ifdef _OPENMP
-    const Index me = omp_get_thread_num();
-#else
-    const Index me = 0;
-#endif
-    const Index task = unit / chunks;
-    const AttentionArguments<T>& a = chunks > 1 ? parts[unit % chunks] : whole;
-    T* const qp = buffers + me * per_worker;
-    T* const kp = qp + q_size;
-    T* const vp = kp + k_size;
-    T* const sp = vp + v_size;
-    // Split keys: the unit's accumulators and row statistics are its slot of `partial`.
-    T* const slot = chunks > 1 ? partial + unit * slot_size : nullptr;
-    T* const op = chunks > 1 ? slot : sp + s_size;
-    T* const m = op + o_size;
-    T* const l = m + Bq;
-    T* const alpha = chunks > 1 ? sp + s_size + o_size + 2 * Bq : l + Bq;
-    Index* const pos = positions + me * 3 * Bq;
-    const Index g = task_group(task), r0 = task_first_row(task), nrows = std::min(Bq, rows - r0);
-    const Index kh = g * a.n_k / groups, vh = g * a.n_v / groups;
-
-    if (chunks == 1) prepare_rows(task, pos, qp);
-    // Split keys: the task's rows and queries, prepared once for all of its chunks.
-    const Index* const row_info = chunks > 1 ? shared_positions + task * 3 * Bq : pos;
-    const T* const queries = chunks > 1 ? shared_queries + task * q_size : qp;
-    const Index* const head = row_info + Bq;
-    const Index* const token = head + Bq;
-    std::fill(m, m + Bq, -std::numeric_limits<T>::infinity());  // a skipped unit's slot adds nothing
-    std::fill(l, l + Bq, T(0));
-    Index last_position = 0;
-    for (Index i = 0; i < nrows; ++i) last_position = std::max(last_position, a.first_query_position + token[i]);
-    const Index k_end = a.causal ? std::min(a.k_len, last_position + 1 - a.first_key_position) : a.k_len;
-    if (k_end <= 0) continue;  // every key is after every row: nothing to add (streaming)
-    const bool streaming = a.row_max != nullptr;
-    // Whether panel p's accumulators hold anything yet. A panel's first block starts its tiles
-    // from zero and skips the rescaling (α = e^−∞ = 0 there), which is what filling them with
-    // zeros first computed, to the bit, without the fill and the rescaling pass.
-    bool started[max_flash_panels];
-    std::fill(started, started + panels, streaming);
-    if (streaming) {  // continue from the state the previous calls left
-      std::fill(op, op + o_size, T(0));
-      for (Index i = 0; i < nrows; ++i)
-        m[i] = a.row_max[head[i] * a.q_len + token[i]], l[i] = a.row_sum[head[i] * a.q_len + token[i]];
-      // A row that has seen no key yet (max −∞) starts from out = 0 (see row_max): nothing to
-      // read. A single call with statistics (training's forward keeps ℓ) reads nothing.
-      for (Index c = 0; c < dv; ++c)
-        for (Index p0 = 0; p0 < nrows; p0 += MR)
-          for (Index t = 0, i = p0; t < MR && i < nrows; ++t, ++i)
-            if (m[i] != -std::numeric_limits<T>::infinity())
-              op[p0 * dv_padded + c * MR + t] = a.out[(head[i] * dv + c) * a.ldo + token[i]];
-    }
-
-    for (Index k0 = 0; k0 < k_end; k0 += Bk) {
-      const Index bk = std::min(Bk, k_end - k0);
-      if (!keys_in_place) kernel.pack_keys(a, kh, k0, bk, kp, pack_ahead);
-      if (!values_in_place) kernel.pack_values(a, vh, k0, bk, vp, pack_ahead);
-      // Keys read in place: the next block's runs are asked for into L2 during this block's last
-      // panel's P·V tiles, a few channels before each tile (see keys_in_place).
-      const Index next0 = k0 + Bk, next_bk = keys_in_place ? std::min(Bk, k_end - next0) : 0;
-      const Index last_panel = (nrows - 1) / MR, pv_tiles = dv_padded / NR;
-      const Index per_tile = next_bk > 0 ? (D + pv_tiles - 1) / pv_tiles : 0;
-      Index next_channel = 0;
-      for (Index p = 0; p < panels; ++p) {
-        const Index* row_pos = row_info + p * MR;
-        if (p * MR >= nrows) break;
-        Index lowest = no_mask, highest = 0;  // over the panel's rows (padding rows are never masked)
-        for (Index i = 0; i < std::min(MR, nrows - p * MR); ++i)
-          lowest = std::min(lowest, row_pos[i]), highest = std::max(highest, row_pos[i]);
-        const Index key0 = a.first_key_position + k0;  // position of the block's first key
-        if (highest < key0) continue;  // causal: the whole block is after every row of the panel
-        // Keys after the panel's last row are masked for all its rows: their scores are not
-        // computed and P·V stops before them. Their weights would be e^−∞ = 0 exactly, so the
-        // sums are the same to the bit; on the causal diagonal this halves the block's work.
-        const Index kn = std::min(bk, highest + 1 - key0);
-        T* s = sp;
-        // S = Q·Kᵀ, key-major (column j of the tile is key j): the packed A of P·V.
-        for (Index j0 = 0; j0 < kn; j0 += NR) {
-          T* dst[max_tile_columns];
-          for (Index j = 0; j < NR; ++j) dst[j] = s + (j0 + j) * MR;
-          const Index nj = std::min(NR, bk - j0);
-          if (!keys_in_place) {
-            kernel.tile(nj, D, queries + p * MR * D, kp + j0 * D, NR, nullptr, nullptr, dst, prefetch);
-          } else {  // k, then k_rope continuing from the stored sums
-            const T* const* stored = dst;
-            kernel.tile(nj, a.d_qk, queries + p * MR * D, key_run(a, kh, k0 + j0, 0), a.ldk, nullptr, nullptr, dst, prefetch);
-            if (a.d_rope)
-              kernel.tile(nj, a.d_rope, queries + p * MR * D + a.d_qk * MR, key_run(a, kh, k0 + j0, a.d_qk), a.ldkr, stored,
-                          nullptr, dst, prefetch);
-          }
-        }
-        if (lowest < key0 + kn - 1)  // the causal diagonal crosses this block: mask keys after each row
-          for (Index i = 0; i < MR; ++i)
-            for (Index k = std::max<Index>(0, row_pos[i] + 1 - key0); k < kn; ++k)
-              s[k * MR + i] = -std::numeric_limits<T>::infinity();
-        kernel.softmax_panel(s, kn, m + p * MR, l + p * MR, alpha + p * MR);
-        T* o = op + p * MR * dv_padded;
-        if (started[p]) kernel.scale_panel(o, dv, alpha + p * MR);
-        for (Index c0 = 0; c0 < dv; c0 += NR) {
-          T* cols[max_tile_columns];
-          for (Index j = 0; j < NR; ++j) cols[j] = o + (c0 + j) * MR;
-          if (p == last_panel)
-            for (Index e = 0; e < per_tile && next_channel < D; ++e, ++next_channel)
-              prefetch_run<2>(key_run(a, kh, next0, next_channel), next_bk);
-          if (values_in_place)  // channels c0… of the latent, which key_run gives (values_are_keys)
-            kernel.tile_transposed(std::min(NR, dv - c0), kn, s, key_run(a, kh, k0, c0), a.ldk, started[p] ? cols : nullptr,
-                                   nullptr, cols, prefetch);
-          else
-            kernel.tile(std::min(NR, dv - c0), kn, s, vp + c0 * bk, NR, started[p] ? cols : nullptr, nullptr, cols, prefetch);
-        }
-        started[p] = true;
-      }
-    }
-    if (chunks > 1) continue;  // the slot holds the unit's result; merge_units reads it
-    // A panel that saw no key holds zeros, as if filled at the start.
-    for (Index p = 0; p < panels; ++p)
-      if (!started[p]) std::fill(op + p * MR * dv_padded, op + (p + 1) * MR * dv_padded, T(0));
-    // O / l into the output rows, channel by channel (streaming: O, max and sum as they are, for
-    // the next call). alpha is free now: it holds each row's factor.
-    for (Index i = 0; i < nrows; ++i) {
-      alpha[i] = streaming ? T(1) : T(1) / l[i];
-      if (streaming) a.row_max[head[i] * a.q_len + token[i]] = m[i], a.row_sum[head[i] * a.q_len + token[i]] = l[i];
-    }
-    // Row i = p0 + t, channel c at op[p0·dv_padded + c·MR + t].
-    const auto unpack = [&](Index p0, Index t, Index c) {
-      const Index i = p0 + t;
-      a.out[(head[i] * dv + c) * a.ldo + token[i]] = op[p0 * dv_padded + c * MR + t] * alpha[i];
-    };
-    if (a.q_len == 1) {  // one token per head (decoding): a row's channels lie next to each other
-      for (Index p0 = 0; p0 < nrows; p0 += MR)
-        for (Index t = 0; t < MR && p0 + t < nrows; ++t)
-          for (Index c = 0; c < dv; ++c) unpack(p0, t, c);
-    } else {  // a panel of MR consecutive tokens of one head writes one contiguous run per channel
-      for (Index c = 0; c < dv; ++c)
-        for (Index p0 = 0; p0 < nrows; p0 += MR) {
-          if (consecutive_tokens(token, p0, nrows)) {
-            T* const run = a.out + (head[p0] * dv + c) * a.ldo + token[p0];
-            const T* const from = op + p0 * dv_padded + c * MR;
-            for (Index t = 0; t < MR; ++t) run[t] = from[t] * alpha[p0 + t];
-            continue;
-          }
-          for (Index t = 0; t < MR && p0 + t < nrows; ++t) unpack(p0, t, c);
-        }
+      for (Index t = 0, i = p0; t < MR; ++t, ++i)
+        to[p0 * D + t] = i < nrows ? from[head[i] * head_stride + token[i]] * whole.scale : T(0);
     }
   }
-  if (chunks == 1) return;
-  // The merge of the chunks' results (FlashDecoding's last step): each row's max M = max_c m_c,
-  // sum Σ_c l_c·e^(m_c − M) and output Σ_c O_c·e^(m_c − M) / sum — the online softmax's step,
-  // taken once per chunk. A chunk whose keys all follow the row (causal), or a panel that saw
-  // none of its keys, left m_c = −∞ and adds nothing (its accumulators are never read). Panel by
-  // panel, reading the units' packed accumulators as they lie (row p0 + t, channel d at
-  // O[p0·dv_padded + d·MR + t]): the MR rows of a channel are one contiguous run of each chunk's.
-  const Index merged_panels = tasks * panels;
+}
+
+/// One unit of work (a task against one chunk of keys): its views into its worker's buffers and
+/// the rows it attends for.
+template <typename T>
+struct FlashUnit {
+  Index nrows = 0, kh = 0, vh = 0;
+  const Index* row_info = nullptr;  ///< the rows' positions, then heads, then tokens (Bq each)
+  const Index* head = nullptr;
+  const Index* token = nullptr;
+  const T* queries = nullptr;       ///< packed, scaled (prepare_rows)
+  T* kp = nullptr;                  ///< a key block's panels (unless read in place)
+  T* vp = nullptr;                  ///< a value block's panels (unless read in place)
+  T* sp = nullptr;                  ///< one panel's scores
+  T* op = nullptr;                  ///< output accumulators, MR-row panels (a split unit's slot)
+  T* m = nullptr;                   ///< each row's running max, sum and rescaling factor
+  T* l = nullptr;
+  T* alpha = nullptr;
+  /// Whether panel p's accumulators hold anything yet. A panel's first block starts its tiles
+  /// from zero and skips the rescaling (α = e^−∞ = 0 there), which is what filling them with
+  /// zeros first computed, to the bit, without the fill and the rescaling pass.
+  bool started[max_flash_panels];
+};
+
+/// Where the next key block's runs are asked for into L2 during the last panel's P·V tiles
+/// (keys read in place), a few channels before each tile.
+struct NextBlockPrefetch {
+  Index k0 = 0, bk = 0, per_tile = 0, channel = 0;
+};
+
+/// One MR-row panel against one block of keys (bk of them from k0): S = Q·Kᵀ key-major, the causal
+/// diagonal masked, the online softmax step, then O ← α·O + P·V.
+template <typename T>
+void attend_panel(const FlashPlan& plan, const FlashTileKernel<T>& kernel, const AttentionArguments<T>& a,
+                  FlashUnit<T>& u, Index p, Index k0, Index bk, NextBlockPrefetch* next) {
+  const Index MR = plan.MR, NR = plan.NR, dv = plan.dv;
+  const Index* row_pos = u.row_info + p * MR;
+  Index lowest = flash_no_mask, highest = 0;  // over the panel's rows (padding rows are never masked)
+  for (Index i = 0; i < std::min(MR, u.nrows - p * MR); ++i)
+    lowest = std::min(lowest, row_pos[i]), highest = std::max(highest, row_pos[i]);
+  const Index key0 = a.first_key_position + k0;  // position of the block's first key
+  if (highest < key0) return;  // causal: the whole block is after every row of the panel
+  // Keys after the panel's last row are masked for all its rows: their scores are not computed
+  // and P·V stops before them. Their weights would be e^−∞ = 0 exactly, so the sums are the
+  // same to the bit; on the causal diagonal this halves the block's work.
+  const Index kn = std::min(bk, highest + 1 - key0);
+  const Index kh = u.kh;
+  T* const s = u.sp;
+  const T* const q = u.queries + p * MR * plan.D;
+  for (Index j0 = 0; j0 < kn; j0 += NR) {  // S = Q·Kᵀ, key-major (column j is key j): P·V's packed A
+    T* dst[max_tile_columns];
+    for (Index j = 0; j < NR; ++j) dst[j] = s + (j0 + j) * MR;
+    const Index nj = std::min(NR, bk - j0);
+    if (!plan.keys_in_place) {
+      kernel.tile(nj, plan.D, q, u.kp + j0 * plan.D, NR, nullptr, nullptr, dst, plan.prefetch);
+    } else {  // k, then k_rope continuing from the stored sums
+      const T* const* stored = dst;
+      kernel.tile(nj, a.d_qk, q, key_run(a, kh, k0 + j0, 0), a.ldk, nullptr, nullptr, dst, plan.prefetch);
+      if (a.d_rope)
+        kernel.tile(nj, a.d_rope, q + a.d_qk * MR, key_run(a, kh, k0 + j0, a.d_qk), a.ldkr, stored, nullptr, dst, plan.prefetch);
+    }
+  }
+  if (lowest < key0 + kn - 1)  // the causal diagonal crosses this block: mask keys after each row
+    for (Index i = 0; i < MR; ++i)
+      for (Index k = std::max<Index>(0, row_pos[i] + 1 - key0); k < kn; ++k) s[k * MR + i] = -std::numeric_limits<T>::infinity();
+  kernel.softmax_panel(s, kn, u.m + p * MR, u.l + p * MR, u.alpha + p * MR);
+  T* const o = u.op + p * MR * plan.dv_padded;
+  if (u.started[p]) kernel.scale_panel(o, dv, u.alpha + p * MR);
+  for (Index c0 = 0; c0 < dv; c0 += NR) {
+    T* cols[max_tile_columns];
+    for (Index j = 0; j < NR; ++j) cols[j] = o + (c0 + j) * MR;
+    if (next)
+      for (Index e = 0; e < next->per_tile && next->channel < plan.D; ++e, ++next->channel)
+        prefetch_run<2>(key_run(a, kh, next->k0, next->channel), next->bk);
+    T* const* start = u.started[p] ? cols : nullptr;
+    if (plan.values_in_place)  // channels c0… of the latent, which key_run gives (values_are_keys)
+      kernel.tile_transposed(std::min(NR, dv - c0), kn, s, key_run(a, kh, k0, c0), a.ldk, start, nullptr, cols, plan.prefetch);
+    else
+      kernel.tile(std::min(NR, dv - c0), kn, s, u.vp + c0 * bk, NR, start, nullptr, cols, plan.prefetch);
+  }
+  u.started[p] = true;
+}
+
+/// Streaming: the unit's rows continue from the state the previous calls left (max, sum and the
+/// unnormalised output). A row that has seen no key yet (max −∞) starts from out = 0 (see
+/// row_max): nothing to read. A single call with statistics (training's forward keeps ℓ) reads nothing.
+template <typename T>
+void resume_rows(const FlashPlan& plan, const AttentionArguments<T>& a, FlashUnit<T>& u) {
+  const Index MR = plan.MR;
+  std::fill(u.op, u.op + plan.o_size, T(0));
+  for (Index i = 0; i < u.nrows; ++i)
+    u.m[i] = a.row_max[u.head[i] * a.q_len + u.token[i]], u.l[i] = a.row_sum[u.head[i] * a.q_len + u.token[i]];
+  for (Index c = 0; c < plan.dv; ++c)
+    for (Index p0 = 0; p0 < u.nrows; p0 += MR)
+      for (Index t = 0, i = p0; t < MR && i < u.nrows; ++t, ++i)
+        if (u.m[i] != -std::numeric_limits<T>::infinity())
+          u.op[p0 * plan.dv_padded + c * MR + t] = a.out[(u.head[i] * plan.dv + c) * a.ldo + u.token[i]];
+}
+
+/// O / l into the output rows, channel by channel (streaming: O, max and sum as they are, for the
+/// next call). A panel that saw no key holds zeros, as if filled at the start.
+template <typename T>
+void write_rows(const FlashPlan& plan, const AttentionArguments<T>& a, FlashUnit<T>& u, bool streaming) {
+  const Index MR = plan.MR, dv = plan.dv, dv_padded = plan.dv_padded, nrows = u.nrows;
+  const Index* const head = u.head;
+  const Index* const token = u.token;
+  for (Index p = 0; p < plan.panels; ++p)
+    if (!u.started[p]) std::fill(u.op + p * MR * dv_padded, u.op + (p + 1) * MR * dv_padded, T(0));
+  T* const alpha = u.alpha;  // free now: each row's factor
+  for (Index i = 0; i < nrows; ++i) {
+    alpha[i] = streaming ? T(1) : T(1) / u.l[i];
+    if (streaming) a.row_max[head[i] * a.q_len + token[i]] = u.m[i], a.row_sum[head[i] * a.q_len + token[i]] = u.l[i];
+  }
+  // Row i = p0 + t, channel c at op[p0·dv_padded + c·MR + t].
+  const auto unpack = [&](Index p0, Index t, Index c) {
+    const Index i = p0 + t;
+    a.out[(head[i] * dv + c) * a.ldo + token[i]] = u.op[p0 * dv_padded + c * MR + t] * alpha[i];
+  };
+  if (a.q_len == 1) {  // one token per head (decoding): a row's channels lie next to each other
+    for (Index p0 = 0; p0 < nrows; p0 += MR)
+      for (Index t = 0; t < MR && p0 + t < nrows; ++t)
+        for (Index c = 0; c < dv; ++c) unpack(p0, t, c);
+    return;
+  }
+  for (Index c = 0; c < dv; ++c)  // a panel of MR consecutive tokens of one head: one run per channel
+    for (Index p0 = 0; p0 < nrows; p0 += MR) {
+      if (plan.consecutive_tokens(token, p0, nrows)) {
+        T* const run = a.out + (head[p0] * dv + c) * a.ldo + token[p0];
+        const T* const from = u.op + p0 * dv_padded + c * MR;
+        for (Index t = 0; t < MR; ++t) run[t] = from[t] * alpha[p0 + t];
+        continue;
+      }
+      for (Index t = 0; t < MR && p0 + t < nrows; ++t) unpack(p0, t, c);
+    }
+}
+
+/// A unit's rows against every block of its keys they can see; false when every key follows
+/// every row (causal, streaming), so that there is nothing to add and nothing to write.
+template <typename T>
+bool attend_unit(const FlashPlan& plan, const FlashTileKernel<T>& kernel, const AttentionArguments<T>& a, FlashUnit<T>& u) {
+  const Index MR = plan.MR, Bk = plan.Bk;
+  std::fill(u.m, u.m + plan.Bq, -std::numeric_limits<T>::infinity());  // a skipped unit's slot adds nothing
+  std::fill(u.l, u.l + plan.Bq, T(0));
+  Index last_position = 0;
+  for (Index i = 0; i < u.nrows; ++i) last_position = std::max(last_position, a.first_query_position + u.token[i]);
+  const Index k_end = a.causal ? std::min(a.k_len, last_position + 1 - a.first_key_position) : a.k_len;
+  if (k_end <= 0) return false;  // every key is after every row: nothing to add (streaming)
+  const bool streaming = a.row_max != nullptr;
+  std::fill(u.started, u.started + plan.panels, streaming);
+  if (streaming) resume_rows(plan, a, u);
+  for (Index k0 = 0; k0 < k_end; k0 += Bk) {
+    const Index bk = std::min(Bk, k_end - k0);
+    if (!plan.keys_in_place) kernel.pack_keys(a, u.kh, k0, bk, u.kp, plan.pack_ahead);
+    if (!plan.values_in_place) kernel.pack_values(a, u.vh, k0, bk, u.vp, plan.pack_ahead);
+    NextBlockPrefetch next;
+    next.k0 = k0 + Bk, next.bk = plan.keys_in_place ? std::min(Bk, k_end - next.k0) : 0;
+    const Index pv_tiles = plan.dv_padded / plan.NR, last_panel = (u.nrows - 1) / MR;
+    next.per_tile = next.bk > 0 ? (plan.D + pv_tiles - 1) / pv_tiles : 0;
+    for (Index p = 0; p < plan.panels && p * MR < u.nrows; ++p)
+      attend_panel(plan, kernel, a, u, p, k0, bk, p == last_panel ? &next : nullptr);
+  }
+  return true;
+}
+
+/// The merge of the chunks' results (FlashDecoding's last step): each row's max M = max_c m_c,
+/// sum Σ_c l_c·e^(m_c − M) and output Σ_c O_c·e^(m_c − M) / sum — the online softmax's step,
+/// taken once per chunk. A chunk whose keys all follow the row (causal), or a panel that saw none
+/// of its keys, left m_c = −∞ and adds nothing (its accumulators are never read). Panel by panel,
+/// reading the units' packed accumulators as they lie (row p0 + t, channel d at
+/// O[p0·dv_padded + d·MR + t]): the MR rows of a channel are one contiguous run of each chunk's.
+template <typename T>
+void merge_chunks(const FlashPlan& plan, const AttentionArguments<T>& whole, const Index* task_positions, const T* partial,
+                  int threads) {
+  const Index MR = plan.MR, Bq = plan.Bq, chunks = plan.chunks, slot_size = plan.slot_size;
+  const Index merged_panels = plan.tasks * plan.panels;
   (void)threads;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
 #endif
   for (Index u = 0; u < merged_panels; ++u) {
-    const Index task = u / panels, p0 = u % panels * MR, nrows = std::min(Bq, rows - task_first_row(task));
+    const Index task = u / plan.panels, p0 = u % plan.panels * MR, nrows = plan.task_rows(task);
     if (p0 >= nrows) continue;
     const Index count = std::min(MR, nrows - p0);
-    const Index* const head = shared_positions + task * 3 * Bq + Bq + p0;
+    const Index* const head = task_positions + task * 3 * Bq + Bq + p0;
     const Index* const token = head + Bq;
     const T* const first = partial + task * chunks * slot_size;
-    const auto stat = [&](Index c, Index which) { return first + c * slot_size + o_size + which * Bq + p0; };  // m: 0, l: 1
+    const auto stat = [&](Index c, Index which) { return first + c * slot_size + plan.o_size + which * Bq + p0; };  // m: 0, l: 1
     T weight[flash_max_chunks()][max_tile_rows];  // e^(m_c − M), 0 for a chunk the row saw no key of
     T top[max_tile_rows], sum[max_tile_rows], acc[max_tile_rows];
     for (Index t = 0; t < count; ++t) {
@@ -508,16 +534,79 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
         sum[t] += weight[c][t] * stat(c, 1)[t];
       }
     }
-    for (Index d = 0; d < dv; ++d) {
+    for (Index d = 0; d < plan.dv; ++d) {
       std::fill(acc, acc + count, T(0));
       for (Index c = 0; c < chunks; ++c) {
-        const T* const o = first + c * slot_size + p0 * dv_padded + d * MR;
+        const T* const o = first + c * slot_size + p0 * plan.dv_padded + d * MR;
         // acc + 0 is acc exactly (acc is never −0), so the select adds what skipping would.
         for (Index t = 0; t < count; ++t) acc[t] += weight[c][t] != T(0) ? weight[c][t] * o[t] : T(0);
       }
-      for (Index t = 0; t < count; ++t) whole.out[(head[t] * dv + d) * whole.ldo + token[t]] = acc[t] / sum[t];
+      for (Index t = 0; t < count; ++t) whole.out[(head[t] * plan.dv + d) * whole.ldo + token[t]] = acc[t] / sum[t];
     }
   }
+}
+
+/// The tiled path: plan, then every unit (a task against a chunk of keys) in parallel, each
+/// writing its rows (or, with split keys, its slot), then the chunks merged.
+template <typename T>
+void flash_attention_on(const AttentionArguments<T>& whole, int threads, const FlashTileKernel<T>& kernel, const Context& context,
+                        FlashScratch<T>& scratch) {
+  const FlashPlan plan = plan_flash(whole, kernel, context);
+  const Index Bq = plan.Bq, chunks = plan.chunks;
+  const Index workers = std::max(1, threads);
+  T* const buffers = scratch.values.reserve(static_cast<std::size_t>(plan.per_worker * workers));
+  Index* const positions = scratch.positions.reserve(static_cast<std::size_t>(3 * Bq * workers));  // pos, head, token
+  // Each chunk of keys is a call of its own over the chunk's keys (parts[c]); unit (task, chunk)
+  // leaves its unnormalised output accumulators, packed as the unit computed them, and its rows'
+  // max and sum in its slot of `partial`, merged once all units are done: no unit unpacks its
+  // output. A task's rows and queries are prepared once for all of its chunks.
+  AttentionArguments<T>* const parts = chunks > 1 ? scratch.parts.reserve(static_cast<std::size_t>(chunks)) : nullptr;
+  T* const partial = chunks > 1 ? scratch.partials.reserve(static_cast<std::size_t>(plan.units * plan.slot_size)) : nullptr;
+  T* const shared_queries = chunks > 1 ? scratch.queries.reserve(static_cast<std::size_t>(plan.tasks * plan.q_size)) : nullptr;
+  Index* const shared_positions =
+      chunks > 1 ? scratch.task_positions.reserve(static_cast<std::size_t>(plan.tasks * 3 * Bq)) : nullptr;
+  if (chunks > 1) {
+    const Index chunk_keys = (whole.k_len + chunks - 1) / chunks;
+    for (Index c = 0; c < chunks; ++c) {
+      AttentionArguments<T> part = whole;
+      const Index k0 = c * chunk_keys;
+      part.k_len = std::min(chunk_keys, whole.k_len - k0);
+      part.k += k0, part.v += k0, part.first_key_position += k0;
+      if (whole.d_rope) part.kr += k0;
+      parts[c] = part;
+    }
+    for (Index task = 0; task < plan.tasks; ++task)
+      prepare_rows(plan, whole, task, shared_positions + task * 3 * Bq, shared_queries + task * plan.q_size);
+  }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && plan.units > 1)
+#endif
+  for (Index unit = 0; unit < plan.units; ++unit) {
+#ifdef _OPENMP
+    const Index me = omp_get_thread_num();
+#else
+    const Index me = 0;
+#endif
+    const Index task = unit / chunks, g = plan.task_group(task);
+    const AttentionArguments<T>& a = chunks > 1 ? parts[unit % chunks] : whole;
+    T* const qp = buffers + me * plan.per_worker;
+    FlashUnit<T> u;
+    u.kp = qp + plan.q_size, u.vp = u.kp + plan.k_size, u.sp = u.vp + plan.v_size;
+    T* const slot = chunks > 1 ? partial + unit * plan.slot_size : nullptr;
+    u.op = chunks > 1 ? slot : u.sp + plan.s_size;
+    u.m = u.op + plan.o_size, u.l = u.m + Bq;
+    u.alpha = chunks > 1 ? u.sp + plan.s_size + plan.o_size + 2 * Bq : u.l + Bq;
+    u.nrows = plan.task_rows(task);
+    u.kh = g * a.n_k / plan.groups, u.vh = g * a.n_v / plan.groups;
+    Index* const pos = positions + me * 3 * Bq;
+    if (chunks == 1) prepare_rows(plan, whole, task, pos, qp);
+    u.row_info = chunks > 1 ? shared_positions + task * 3 * Bq : pos;
+    u.queries = chunks > 1 ? shared_queries + task * plan.q_size : qp;
+    u.head = u.row_info + Bq, u.token = u.head + Bq;
+    if (attend_unit(plan, kernel, a, u) && chunks == 1)  // split keys: the unit's slot holds its result
+      write_rows(plan, a, u, a.row_max != nullptr);
+  }
+  if (chunks > 1) merge_chunks(plan, whole, shared_positions, partial, threads);
 }
 
 /// Few query rows per key/value head (decoding, GQA decoding: group·Lq ≤ 8): the tile path would

@@ -26,6 +26,7 @@ struct AttendSpec {
   bool causal = false;
   Index first_query_position = 0;  ///< causal: query i sees keys at positions ≤ first + i
   Index first_key_position = 0;    ///< keys sit at positions first_key … first_key + L_k − 1
+  bool values_are_keys = false;    ///< V is K's first d_v columns (absorbed MLA's latent): read from K
 };
 
 namespace detail {
@@ -56,6 +57,10 @@ bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, cons
   a.causal = s.causal;
   a.first_query_position = s.first_query_position;
   a.first_key_position = s.first_key_position;
+  if (s.values_are_keys && (V.data() != K.data() || V.outerStride() != K.outerStride() || s.d_v > s.d_qk ||
+                            s.n_k != n_v || (s.n_k != 1 && s.d_v != s.d_qk)))
+    throw ShapeError("attend: values_are_keys, but V is not the first channels of K (one head, or d_v = d_qk)");
+  a.values_are_keys = s.values_are_keys;
   return a;
 }
 }  // namespace detail

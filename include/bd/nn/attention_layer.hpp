@@ -228,7 +228,8 @@ auto AttentionLayer<Derived, A>::decode_absorbed(const Input& x_new, Latent& cac
   const Matrix Qt = self().absorb_queries(self().queries(xq, start, scratch.queries, ws), ws);
   const Input Qr = detail::rope_queries<A>(c, weights(), xq, start, scratch.rope_queries, ws);
   const Input C(cache.latent());
-  const Input Ot = detail::attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, start, scratch.heads_output, ws);
+  const Input Ot =
+      detail::attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, start, scratch.heads_output, ws, true);
   return self().output(self().absorb_values(Ot, ws), ws);
 }
 

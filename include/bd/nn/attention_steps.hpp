@@ -122,12 +122,15 @@ inline AttendSpec head_spec(const AttentionConfig& c, Index n_k, Index n_v, Inde
 }
 
 /// O = softmax(Q_h·K_hᵀ·scale [+ Qr_h·Krᵀ·scale])·V_h for every query head (d_qk and d_v wide;
-/// the layer's own widths, or the latent's for absorbed MLA), into `out`; K has n_k heads and V n_v.
+/// the layer's own widths, or the latent's for absorbed MLA), into `out`; K has n_k heads and V n_v
+/// (values_are_keys: V is K, absorbed MLA's latent).
 template <typename A>
 Eigen::Map<MatrixA<A>> attend_heads(const AttentionConfig& c, const ConstRef<A>& Q, const ConstRef<A>& Qr,
                                     const ConstRef<A>& K, const ConstRef<A>& V, const ConstRef<A>& Kr, Index n_k, Index n_v,
-                                    Index d_qk, Index d_v, Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
-  const AttendSpec spec = head_spec(c, n_k, n_v, d_qk, d_v, first_position);
+                                    Index d_qk, Index d_v, Index first_position, ScratchMatrix<A>& out, Workspace& ws,
+                                    bool values_are_keys = false) {
+  AttendSpec spec = head_spec(c, n_k, n_v, d_qk, d_v, first_position);
+  spec.values_are_keys = values_are_keys;
   Eigen::Map<MatrixA<A>> O = out.take(Q.rows(), c.n_q * d_v);
   if (c.rope_dim == 0)
     attend_into<A>(Q, K, V, spec, nullptr, nullptr, O, ws);
