@@ -11,11 +11,12 @@ torch.nn.Modules. They compute inference: an input that requires a gradient is r
 than silently cut from the graph. docs/pytorch.md has the whole story.
 """
 import glob
+import json
 import os
 
 import torch
 
-__all__ = ["BDLinear", "BDAttention", "Projection", "transposed_inputs"]
+__all__ = ["BDLinear", "BDAttention", "Projection", "convert", "load_attention", "transposed_inputs"]
 
 
 def _load():
@@ -33,6 +34,18 @@ _load()
 def transposed_inputs():
     """How many row-major activations were transposed into bd's column-major order so far."""
     return torch.ops.bd.transposed_inputs()
+
+
+def convert(input_dir, output, *, arch="llama", mode="vo", storage="f32", basis="auto", windows="per-group", force=False):
+    """bd-convert from Python: a Hugging Face model folder into a BD checkpoint (a folder, or one
+    .safetensors file), streamed and written atomically. Returns bd-convert's report as a dict."""
+    return json.loads(torch.ops.bd.convert(str(input_dir), str(output), arch, mode, storage, basis, windows, bool(force)))
+
+
+def load_attention(path, *, storage="f32"):
+    """Every attention layer of a BD checkpoint (what convert or bd-convert wrote), as BDAttention
+    modules, read through bd's hardened safetensors parser."""
+    return [BDAttention.load(path, i, storage=storage) for i in range(torch.ops.bd.checkpoint_layers(str(path)))]
 
 
 def _inference_only(x, what):
@@ -135,10 +148,15 @@ class BDAttention(torch.nn.Module):
     prefill / decode_absorbed read an MLA layer's latent cache.
     """
 
-    def __init__(self, layer, latent):
+    def __init__(self, layer):
         super().__init__()
         self.layer = layer
-        self.latent = latent
+        self.latent = layer.latent()
+
+    @classmethod
+    def load(cls, path, layer, *, storage="f32"):
+        """Attention layer `layer` (from 0) of a BD checkpoint."""
+        return cls(torch.classes.bd.Attention.load(str(path), int(layer), storage))
 
     @classmethod
     def from_weights(cls, weights, *, n_heads, head_dim, n_kv_heads=None, v_head_dim=0, causal=True, rope_theta=0.0,
@@ -155,7 +173,7 @@ class BDAttention(torch.nn.Module):
                    "force": "true" if force else "false"}
         tensors = {k: v.detach() for k, v in weights.items() if v is not None}
         layer = torch.classes.bd.Attention.prepare(tensors, {k: float(v) for k, v in config.items()}, options)
-        return cls(layer, latent="W_dkv" in tensors)
+        return cls(layer)
 
     @classmethod
     def from_llama(cls, q_proj, k_proj, v_proj, o_proj, *, n_heads, n_kv_heads=None, rope_theta=10000.0,

@@ -11,6 +11,8 @@
 // and the tensors a layer exposes (basis, coefficients) are views of its storage.
 //
 // Weights may come in any floating type and layout: preparation reads them once, in double.
+// Checkpoints go through bd::io: convert() is bd-convert's conversion, Attention.load reads a
+// layer of what it wrote.
 // Every refusal is bd's exception with bd's message (Python sees a RuntimeError carrying it).
 #include <atomic>
 #include <cstdint>
@@ -25,6 +27,8 @@
 #include <torch/library.h>
 
 #include "bd/bd.hpp"
+#include "bd/io/bd_checkpoint.hpp"
+#include "bd/io/convert.hpp"
 #include "bd/nn/bd_attention.hpp"
 #include "bd/nn/bd_linear.hpp"
 #include "bd/nn/multi_head_attention.hpp"
@@ -313,6 +317,19 @@ struct Attention : torch::CustomClassHolder {
     }));
   }
 
+  /// Attention layer `index` (0-based) of a BD checkpoint that bd-convert (or convert below)
+  /// wrote, its tensors read through bd's hardened safetensors parser and checked against the
+  /// checkpoint's config.json; stored in `storage` (exact when the file holds that type).
+  static c10::intrusive_ptr<Attention> load(const std::string& path, std::int64_t index, const std::string& storage) {
+    if (index < 0) throw bd::RangeError(message("bd_torch: layer ", index, " requested; layers count from 0"));
+    return c10::make_intrusive<Attention>(make_layer<bd::nn::BDAttention>(layer_storage(storage), [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      return AnyStorage<bd::nn::BDAttention>(bd::io::load_bd_attention_layer<S>(path, static_cast<std::size_t>(index)));
+    }));
+  }
+
+  bool latent() const { return std::visit([](const auto& l) { return l.rest().W_dkv.size() != 0; }, layer); }
+
   at::Tensor forward(const at::Tensor& x) const {
     at::Tensor keep;
     const View in = activation(x, "x", keep);
@@ -435,6 +452,27 @@ struct Projection : torch::CustomClassHolder {
 
 std::int64_t transposed() { return transposed_inputs.load(); }
 
+/// bd-convert's conversion of a Hugging Face model folder into a BD checkpoint (a folder, or one
+/// .safetensors file), written atomically; returns its report as JSON.
+std::string convert(const std::string& input, const std::string& output, const std::string& arch, const std::string& mode,
+                    const std::string& storage, const std::string& basis, const std::string& windows, bool force) {
+  bd::io::ConvertOptions opts;
+  opts.arch = bd::io::parse_arch(arch);
+  opts.mode = bd::nn::parse_mode(mode);
+  opts.storage = bd::parse_storage(storage);
+  opts.decomposition.basis = bd::parse_basis(basis);
+  opts.windows = bd::nn::parse_windows(windows);
+  opts.force = force;
+  return bd::io::convert_checkpoint(input, output, opts).to_json().dump();
+}
+
+/// How many attention layers the BD checkpoint at `path` has.
+std::int64_t checkpoint_layers(const std::string& path) {
+  const bd::io::ModelFolder m = bd::io::ModelFolder::open(path);
+  const bd::io::ConvertOptions r = bd::io::recorded_options(m);
+  return std::int64_t(bd::io::attention_layers(r.arch, m, r.mode).size());
+}
+
 }  // namespace bd_torch
 
 TORCH_LIBRARY(bd, m) {
@@ -464,6 +502,8 @@ TORCH_LIBRARY(bd, m) {
       .def("forward_into", &Projection::forward_into);
   m.class_<Attention>("Attention")
       .def_static("prepare", &Attention::prepare)
+      .def_static("load", &Attention::load)
+      .def("latent", &Attention::latent)
       .def("forward", &Attention::forward)
       .def("decode", &Attention::decode)
       .def("prefill", &Attention::prefill)
@@ -471,4 +511,6 @@ TORCH_LIBRARY(bd, m) {
       .def("set_compute", &Attention::set_compute)
       .def("report", &Attention::report);
   m.def("transposed_inputs() -> int", &transposed);
+  m.def("convert(str input, str output, str arch, str mode, str storage, str basis, str windows, bool force) -> str", &convert);
+  m.def("checkpoint_layers(str path) -> int", &checkpoint_layers);
 }

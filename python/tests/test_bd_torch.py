@@ -288,6 +288,23 @@ def test_stories260k_with_bd_attention_keeps_its_logits_and_its_greedy_text(refe
         assert converted.greedy(prompt, 40) == dense.greedy(prompt, 40)
 
 
+def test_stories260k_converted_to_a_bd_checkpoint_and_loaded_back_writes_the_same_text(reference, tmp_path):
+    folder = os.path.join(MODELS, "stories260K")
+    report = bd_torch.convert(folder, tmp_path / "bd", arch="llama", mode="vo")
+    assert len(report["layers"]) == 5 and report["files_out"] >= 1
+    layers = bd_torch.load_attention(tmp_path / "bd")
+    assert len(layers) == 5 and not layers[0].latent
+    tokens = reference["tokens"].long()
+    with torch.no_grad():
+        dense, loaded = Stories(torch.float32), Stories(torch.float32)
+        loaded.bd = layers
+        assert max_err(loaded.logits(tokens), reference["logits"]) <= 4 * max_err(dense.logits(tokens), reference["logits"])
+        assert loaded.greedy(tokens[:8].tolist(), 40) == dense.greedy(tokens[:8].tolist(), 40)
+    refused("layer 5 requested", lambda: bd_torch.BDAttention.load(tmp_path / "bd", 5))
+    refused("architecture", lambda: bd_torch.convert(folder, tmp_path / "x", arch="mamba"))
+    refused(str(tmp_path / "missing"), lambda: bd_torch.load_attention(tmp_path / "missing"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Refusals, with bd's messages
 
