@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs bd's whole test suite with ctest:
-#   1. Release build of everything (tests, examples, benchmarks, tools, consumers), -Wall -Wextra -Werror,
+#   1. Release build of everything (tests, examples, benchmarks, tools, consumers, the PyTorch extension
+#      and its pytest suite where Torch is installed), -Wall -Wextra -Werror,
 #      with no -march: the x86-64 baseline a user's program gets (the kernels choose AVX-512, AVX2
 #      or portable code when they run, and the kernel tests force each path the CPU has);
 #   2. the kernel tests again with -march=x86-64-v4, where Eigen and the compiler use AVX-512
