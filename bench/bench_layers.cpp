@@ -57,6 +57,7 @@
 #ifdef BD_HAVE_BLIS
 #include "blis_baseline.hpp"
 #endif
+#include "bf16_layers.hpp"
 #include "interleaved.hpp"
 
 namespace {
@@ -244,28 +245,16 @@ void attention_interleaved(benchmark::State& state) {
   state.counters["bda_share_of_gemm"] = bd.total / t[1] / rate;
 }
 
-/// The same pair stored in bf16 and computing in bf16 (compute.hpp).
-struct Bf16AttentionPair {
-  MultiHeadAttention<Eigen::bfloat16> dense;
-  BDAttention<Eigen::bfloat16> bd;
-};
-
-const Bf16AttentionPair& bf16_attention_pair() {
-  static const Bf16AttentionPair pair = [] {
-    const AttentionPair& f32 = attention_pair();
-    Bf16AttentionPair p{f32.dense.cast<Eigen::bfloat16>(),
-                        BDAttention<Eigen::bfloat16>::prepare(f32.dense, bd::nn::BDAttentionOptions{}.with_basis(bd::Basis::First))};
-    p.dense.set_compute(bd::kernel::Compute::BF16);
-    p.bd.set_compute(bd::kernel::Compute::BF16);
-    return p;
-  }();
+/// The pair stored in bf16 and computing in bf16 (bf16_layers.hpp).
+const bd_bench::Bf16LayerPair& bf16_attention_pair() {
+  static const bd_bench::Bf16LayerPair pair = bd_bench::bf16_layer_pair(attention_pair().dense);
   return pair;
 }
 
 /// attention/interleaved_bf16/<L>: attention_interleaved's three calls in bf16: the two layers
 /// stored and computing in bf16, the output projection's GEMM on bf16 weights in bf16 compute.
 void attention_interleaved_bf16(benchmark::State& state) {
-  const Bf16AttentionPair& pair = bf16_attention_pair();
+  const bd_bench::Bf16LayerPair& pair = bf16_attention_pair();
   const Index L = state.range(0), depth = kHeads * kHeadDim;
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(L, kHidden), o = Eigen::MatrixXf::Random(L, depth);
   const Eigen::Matrix<Eigen::bfloat16, -1, -1> w = Eigen::MatrixXf::Random(depth, kHidden).cast<Eigen::bfloat16>();

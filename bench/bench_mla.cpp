@@ -30,6 +30,7 @@
 #include <bd/nn/cost_model.hpp>
 #include <bd/nn/multi_head_attention.hpp>
 
+#include "bf16_layers.hpp"
 #include "interleaved.hpp"
 #include "read_rate.hpp"
 
@@ -177,28 +178,16 @@ void decode_absorbed_interleaved(benchmark::State& state) {
   state.counters["bd_share_of_floor"] = floor / t[1];
 }
 
-/// The pair stored in bf16 and computing in bf16 (compute.hpp); the latent cache stays f32.
-struct Bf16MlaPair {
-  MultiHeadAttention<Eigen::bfloat16> dense;
-  BDAttention<Eigen::bfloat16> bd;
-};
-
-const Bf16MlaPair& bf16_mla_pair() {
-  static const Bf16MlaPair pair = [] {
-    const MlaPair& f32 = mla_pair();
-    Bf16MlaPair p{f32.dense.cast<Eigen::bfloat16>(),
-                  BDAttention<Eigen::bfloat16>::prepare(f32.dense, bd::nn::BDAttentionOptions{}.with_basis(bd::Basis::First))};
-    p.dense.set_compute(bd::kernel::Compute::BF16);
-    p.bd.set_compute(bd::kernel::Compute::BF16);
-    return p;
-  }();
+/// The pair stored in bf16 and computing in bf16 (bf16_layers.hpp); the latent cache stays f32.
+const bd_bench::Bf16LayerPair& bf16_mla_pair() {
+  static const bd_bench::Bf16LayerPair pair = bd_bench::bf16_layer_pair(mla_pair().dense);
   return pair;
 }
 
 /// decode/mla_absorbed/interleaved_bf16/<context>: the two layers' token in bf16 (stored and
 /// computing), each on its own f32 latent cache, in turn: medians and ratio.
 void decode_absorbed_interleaved_bf16(benchmark::State& state) {
-  const Bf16MlaPair& pair = bf16_mla_pair();
+  const bd_bench::Bf16LayerPair& pair = bf16_mla_pair();
   const Index context = state.range(0);
   auto dense_cache = filled_cache(context, 1), bd_cache = filled_cache(context, 1);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
