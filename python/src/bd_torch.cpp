@@ -419,12 +419,8 @@ struct Projection : torch::CustomClassHolder {
   at::Tensor forward(const at::Tensor& z, const std::string& compute) const {
     at::Tensor keep;
     const View in = activation(z, "z", keep);
-    const Compute arithmetic = bd::kernel::parse_compute(compute);
     Matrix out(in.rows(), idx.heads() * idx.head_dim);
-    std::visit([&](const auto& c) {
-      using S = typename std::decay_t<decltype(c)>::Scalar;
-      bd::nn::bd_project_into<float, S>(in, idx, c, out, {}, bd::default_workspace(), arithmetic);
-    }, C);
+    project(in, out, compute);
     return give(std::move(out));
   }
 
@@ -442,10 +438,15 @@ struct Projection : torch::CustomClassHolder {
       throw bd::ShapeError(message("bd_torch: out is ", rows, "x", cols, "; expected ", in.rows(), "x", idx.heads() * idx.head_dim));
     Eigen::Map<Matrix, 0, Eigen::OuterStride<>> o(out.data_ptr<float>(), rows, cols,
                                                   Eigen::OuterStride<>(std::max<Index>(cols > 1 ? out.stride(1) : rows, std::max<Index>(rows, 1))));
+    project(in, o, compute);
+  }
+
+ private:
+  void project(const View& in, Eigen::Ref<Matrix> out, const std::string& compute) const {
     const Compute arithmetic = bd::kernel::parse_compute(compute);
     std::visit([&](const auto& c) {
       using S = typename std::decay_t<decltype(c)>::Scalar;
-      bd::nn::bd_project_into<float, S>(in, idx, c, o, {}, bd::default_workspace(), arithmetic);
+      bd::nn::bd_project_into<float, S>(in, idx, c, out, {}, bd::default_workspace(), arithmetic);
     }, C);
   }
 };
