@@ -93,6 +93,7 @@ struct Product {
 const Case cases[] = {
     {1, 37, 19},                                    // one token: the skinny path
     {3, 64, 70, true},                              // a few: skinny, basis starts
+    {1, 2600, 9},                                   // one token deeper than Tuning::row_walk
     {5, 37, 19, false, true},                       // the packed path from here: odd depth, a bias
     {70, 385, 53, true, false, false, true},        // odd depth over several passes, scattered columns
     {33, 200, 29, false, false, true, false, true}, // accumulate, B read transposed
@@ -127,7 +128,7 @@ TEST_CASE("bf16 gemm: small integers give the exact product on every path", "[ke
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> small(-8, 8);
   for (const Case& c : cases) {
-    // Products ≤ 64, sums ≤ 64·386 + 8: every partial sum an integer a float holds exactly.
+    // Products ≤ 64, sums ≤ 64·2600 + 8: every partial sum an integer a float holds exactly.
     MatrixXf x(c.L, c.K + 8), b(c.K, c.N);
     for (Index i = 0; i < x.size(); ++i) x.data()[i] = float(small(rng));
     for (Index i = 0; i < b.size(); ++i) b.data()[i] = float(small(rng));

@@ -3,6 +3,10 @@
 // attention (flash_attention.hpp) read K, V and the weights where they lie through these.
 #pragma once
 
+#include <type_traits>
+
+#include <Eigen/Core>
+
 #include "bd/kernel/arguments.hpp"
 
 namespace bd::kernel::detail {
@@ -25,6 +29,9 @@ struct FewRowKernel {
   /// row deeper than `row_walk` bytes is read four columns per load (Tuning::row_walk).
   void (*dot_columns)(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
                       Index row_walk) = nullptr;
+  /// dot_columns with B stored in bfloat16, read where it lies (float only; null otherwise).
+  void (*dot_columns_bf16)(Index count, const T* rows, Index depth, const Eigen::bfloat16* b, Index ldb, Index columns,
+                           T* result, Index row_walk) = nullptr;
 };
 
 template <typename Kernel, typename T>
@@ -35,6 +42,7 @@ FewRowKernel<T> few_row_kernel() {
   k.softmax_row = &Kernel::softmax_row;
   k.dot_rows = &Kernel::dot_rows;
   k.dot_columns = &Kernel::dot_columns;
+  if constexpr (std::is_same_v<T, float>) k.dot_columns_bf16 = &Kernel::dot_columns_bf16;
   return k;
 }
 

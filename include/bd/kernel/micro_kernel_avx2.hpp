@@ -39,6 +39,11 @@ struct OpsFloat {
   using V = __m256;
   static constexpr Index lanes = 8;
   BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V load(const float* p) { return _mm256_loadu_ps(p); }
+  /// Eight bfloat16 values widened exactly: each one's 16 bits become the upper half of a float.
+  BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V load(const Eigen::bfloat16* p) {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+  }
   BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V set1(float s) { return _mm256_set1_ps(s); }
   BD_TARGET_AVX2 static inline BD_ALWAYS_INLINE V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
@@ -124,6 +129,11 @@ struct Avx2Kernel {
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
                           Index row_walk) {
     avx2::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
+  }
+  /// The same with B in bfloat16, widened exactly as it is loaded (float only: few_row_kernel).
+  static void dot_columns_bf16(Index count, const T* rows, Index depth, const Eigen::bfloat16* b, Index ldb, Index columns,
+                               T* result, Index row_walk) {
+    if constexpr (std::is_same_v<T, float>) avx2::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
   }
   /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
   static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result,

@@ -32,6 +32,11 @@ struct OpsFloat {
   using V = __m512;
   static constexpr Index lanes = 16;
   BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V load(const float* p) { return _mm512_loadu_ps(p); }
+  /// Sixteen bfloat16 values widened exactly (the masked forms: see above).
+  BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V load(const Eigen::bfloat16* p) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, bits), 16));
+  }
   BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V set1(float s) { return _mm512_set1_ps(s); }
   BD_TARGET_AVX512 static inline BD_ALWAYS_INLINE V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
@@ -168,6 +173,11 @@ struct Avx512Kernel {
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
                           Index row_walk) {
     avx512::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
+  }
+  /// The same with B in bfloat16, widened exactly as it is loaded (float only: few_row_kernel).
+  static void dot_columns_bf16(Index count, const T* rows, Index depth, const Eigen::bfloat16* b, Index ldb, Index columns,
+                               T* result, Index row_walk) {
+    if constexpr (std::is_same_v<T, float>) avx512::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
   }
   /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
   static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result,

@@ -40,6 +40,7 @@ struct Ops {
   using V = T;
   static constexpr Index lanes = 1;
   static V load(const T* p) { return *p; }
+  static V load(const Eigen::bfloat16* p) { return static_cast<T>(static_cast<float>(*p)); }
   static void store(T* p, V v) { *p = v; }
   static V set1(T s) { return s; }
   static V fma(V a, V b, V c) { return a * b + c; }
@@ -63,6 +64,11 @@ struct VectorOps {
   static V load(const T* p) {
     V v;
     std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static V load(const Eigen::bfloat16* p) {
+    V v;
+    for (Index i = 0; i < lanes; ++i) v[i] = static_cast<T>(static_cast<float>(p[i]));
     return v;
   }
   static void store(T* p, V v) { std::memcpy(p, &v, sizeof v); }
@@ -149,6 +155,11 @@ struct PortableKernel {
   static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
                           Index row_walk) {
     portable::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
+  }
+  /// The same with B in bfloat16, widened exactly as it is loaded (float only: few_row_kernel).
+  static void dot_columns_bf16(Index count, const T* rows, Index depth, const Eigen::bfloat16* b, Index ldb, Index columns,
+                               T* result, Index row_walk) {
+    if constexpr (std::is_same_v<T, float>) portable::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
   }
   /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
   static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result,

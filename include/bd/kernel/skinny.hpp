@@ -47,6 +47,23 @@ struct SkinnyScratch {
   ScratchBuffer<T> converted;         ///< a narrow B's runs, one buffer per thread
 };
 
+/// out(:, c) = start + dots for a group's columns: row i of its column j at dots[j·column_step +
+/// i·row_step]; start the output itself (accumulate), an input channel, a value or zero.
+template <typename T, typename S>
+void write_dots(const GemmArguments<T, S>& a, const SkinnyGroup& group, const T* dots, Index column_step, Index row_step) {
+  for (Index j = 0; j < group.count; ++j) {
+    const Index c = group.column + j;
+    T* out = a.out + (a.out_columns ? a.out_columns[c] : c) * a.ldo;
+    for (Index i = 0; i < a.rows; ++i) {
+      const T start = a.accumulate       ? out[i]
+                      : a.init_channels  ? a.x[a.init_channels[c] * a.ldx + i]
+                      : a.init_values    ? a.init_values[c]
+                                         : T(0);
+      out[i] = start + dots[j * column_step + i * row_step];
+    }
+  }
+}
+
 /// Compiled once per (T, S) and run on the active kernel's few-row routines (few_row_kernel.hpp).
 /// The work comes in runs of neighbouring columns, Tuning::skinny_group (enough to amortise the
 /// call, few enough to share among threads); a row-major B (absorbed decoding's maps into the
@@ -94,8 +111,11 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
       }
   }
   // A narrow B's columns (rows' runs), or any B's rounded for bf16 compute, are converted once
-  // into their thread's buffer, then read by every row of X.
-  const bool convert = !std::is_same_v<S, T> || bf16;  // a float B in bf16 compute: rounded copies
+  // into their thread's buffer, then read by every row of X; except a bfloat16 B's columns under
+  // float arithmetic, read where they lie and widened exactly as they load (the sums of a
+  // converted copy, from half the bytes: a group's copy would not stay in L2 at decoding's depths).
+  constexpr bool bf16_in_place = std::is_same_v<T, float> && std::is_same_v<S, Eigen::bfloat16>;
+  const bool convert = (!std::is_same_v<S, T> || bf16) && !(bf16_in_place && !by_rows);
   const auto convert_run = [bf16](const S* from, Index n, T* to) {
     if constexpr (bf16_possible && std::is_same_v<S, T>) {  // a float B rounded; a bfloat16 B widens exactly
       if (bf16) {
@@ -117,6 +137,16 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
     const Segment& seg = a.segments[static_cast<std::size_t>(group.segment)];
     // B(k, c) for the group's columns: b[c·ldb + k] (column-major) or b[k·ldb + c] (row-major).
     const S* source = a.b + (by_rows ? group.column : group.column * a.ldb);
+    // dots: row i of column j at j·skinny_rows + i (dot_columns) or i·width + j (column_scores).
+    T dots[max_width * skinny_rows];
+    const T* rows = gathered + offsets[group.segment];
+    if constexpr (bf16_in_place) {
+      if (!by_rows) {
+        kernel.dot_columns_bf16(L, rows, seg.depth, source, a.ldb, group.count, dots, row_walk);
+        write_dots(a, group, dots, skinny_rows, 1);
+        continue;
+      }
+    }
     const T* b = nullptr;
     Index ldb = a.ldb;
     if (!convert) {
@@ -136,9 +166,6 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
       }
       b = buffer;
     }
-    // dots: row i of column j at j·skinny_rows + i (dot_columns) or i·width + j (column_scores).
-    T dots[max_width * skinny_rows];
-    const T* rows = gathered + offsets[group.segment];
     if (!by_rows) {
       kernel.dot_columns(L, rows, seg.depth, b, ldb, group.count, dots, row_walk);
     } else if (seg.depth > 0) {
@@ -146,18 +173,7 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
     } else {
       std::fill(dots, dots + width * skinny_rows, T(0));
     }
-    const Index column_step = by_rows ? 1 : skinny_rows, row_step = by_rows ? width : 1;
-    for (Index j = 0; j < group.count; ++j) {
-      const Index c = group.column + j;
-      T* out = a.out + (a.out_columns ? a.out_columns[c] : c) * a.ldo;
-      for (Index i = 0; i < L; ++i) {
-        const T start = a.accumulate       ? out[i]
-                        : a.init_channels  ? a.x[a.init_channels[c] * a.ldx + i]
-                        : a.init_values    ? a.init_values[c]
-                                           : T(0);
-        out[i] = start + dots[j * column_step + i * row_step];
-      }
-    }
+    write_dots(a, group, dots, by_rows ? 1 : skinny_rows, by_rows ? width : 1);
   }
 }
 
