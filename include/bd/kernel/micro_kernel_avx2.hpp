@@ -99,70 +99,23 @@ struct OpsDouble {
 };
 
 #define BD_KERNEL_TARGET BD_TARGET_AVX2
+#define BD_KERNEL_NAMESPACE avx2
 #include "bd/kernel/micro_kernel_simd.inc"
+#undef BD_KERNEL_NAMESPACE
 #undef BD_KERNEL_TARGET
 
 }  // namespace avx2
 
-/// float: 16 × 6; double: 8 × 6.
+/// float: 16 × 6; double: 8 × 6 (micro_kernel_simd.inc's Routines; tile() computes any
+/// number of columns up to nr).
 template <typename T>
-struct Avx2Kernel {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "AVX2 kernels exist for float and double");
-  using Ops = std::conditional_t<std::is_same_v<T, float>, avx2::OpsFloat, avx2::OpsDouble>;
-  static constexpr Index mr = 2 * Ops::lanes;
-  static constexpr Index nr = 6;
-  static constexpr bool any_width = true;
+using Avx2Ops = std::conditional_t<std::is_same_v<T, float>, avx2::OpsFloat, avx2::OpsDouble>;
 
-  /// acc(MR × columns) = start; acc += A·B over kc; dst = acc (micro_kernel_simd.inc's tile_columns):
-  /// A packed, B packed (ldb = nr) or read in place, its rows ldb apart (flash attention's keys).
-  BD_TARGET_AVX2 static void tile(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
-                                  T* const* dst, Index prefetch) {
-    avx2::tile<nr, nr, Ops>(columns, kc, A, B, ldb, src, values, dst, prefetch);
-  }
-  /// The same with B's columns ldb apart, B(k, j) at B[j·ldb + k] (flash attention's values, read
-  /// where they lie: each channel's keys one contiguous run).
-  BD_TARGET_AVX2 static void tile_transposed(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src,
-                                             const T* values, T* const* dst, Index prefetch) {
-    avx2::tile<nr, nr, Ops, true>(columns, kc, A, B, ldb, src, values, dst, prefetch);
-  }
-  /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c], i < count ≤ 4, c < columns.
-  static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
-                          Index row_walk) {
-    avx2::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
-  }
-  /// The same with B in bfloat16, widened exactly as it is loaded (float only: few_row_kernel).
-  static void dot_columns_bf16(Index count, const T* rows, Index depth, const Eigen::bfloat16* b, Index ldb, Index columns,
-                               T* result, Index row_walk) {
-    if constexpr (std::is_same_v<T, float>) avx2::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
-  }
-  /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
-  static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result,
-                       Index ahead) {
-    avx2::dot_columns<Ops>(count, rows, ldr, depth, b, ldb, columns, result, ahead);
-  }
-  /// Few-row attention's scores, K read in place: s[i·lds + j] (+)= Σ_c k[c·ldk + j]·q[c·ldq + i],
-  /// i < count ≤ 4, j < n, c < depth; `start`: from zero.
-  static void column_scores(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
-                            bool start, Index ahead) {
-    avx2::column_scores<Ops>(count, n, depth, k, ldk, q, ldq, s, lds, start, ahead);
-  }
-  /// Flash attention (flash_attention.hpp): one online-softmax step of an MR-row panel, and the
-  /// rescaling of its output accumulators.
-  static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) { avx2::softmax_panel<mr, Ops>(s, n, m, l, alpha); }
-  static void scale_panel(T* o, Index columns, const T* alpha) { avx2::scale_panel<mr, Ops>(o, columns, alpha); }
-  /// One online-softmax step of a single row of contiguous scores (n whole vectors: lanes()).
-  static void softmax_row(T* s, Index n, T* m, T* l, T* alpha) { avx2::softmax_row<Ops>(s, n, m, l, alpha); }
-  static constexpr Index lanes() { return Ops::lanes; }
-  /// P·A = L·U in place for a small row-major A (small_lu.hpp).
-  static void lu_rows(T* a, Index n, Index ld, Index* perm) { avx2::lu_rows<Ops>(a, n, ld, perm); }
-  /// L⁻¹ of a small lower-triangular L, row by row (inverse.hpp).
-  static void lower_inverse_rows(const T* L, Index rs, Index cs, Index n, bool unit, T* work, Index ld, T* out, Index ldo) {
-    avx2::lower_inverse_rows<Ops>(L, rs, cs, n, unit, work, ld, out, ldo);
-  }
-  /// The pivots of QR with column pivoting (pivoted_qr.hpp).
-  static void qr_pivots(T* a, Index rows, Index ld, Index cols, Index count, Index* perm, T* diag, T* scratch) {
-    avx2::qr_pivots<Ops>(a, rows, ld, cols, count, perm, diag, scratch);
-  }
+template <typename T>
+struct Avx2Kernel : avx2::Routines<Avx2Ops<T>, T, 2 * Avx2Ops<T>::lanes, 6> {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "AVX2 kernels exist for float and double");
+  static constexpr bool any_width = true;
 };
+
 }  // namespace bd::kernel
 #endif

@@ -106,16 +106,18 @@ template <typename T>
 using OpsFor = Ops<T>;
 #define BD_KERNEL_TARGET
 #endif
+#define BD_KERNEL_NAMESPACE portable
 #include "bd/kernel/micro_kernel_simd.inc"
+#undef BD_KERNEL_NAMESPACE
 #undef BD_KERNEL_TARGET
 
 }  // namespace portable
 
+/// 8 × 4 (micro_kernel_simd.inc's Routines), with its own tile and LU.
 template <typename T>
-struct PortableKernel {
-  using Ops = portable::OpsFor<T>;
-  static constexpr Index mr = 8;
-  static constexpr Index nr = 4;
+struct PortableKernel : portable::Routines<portable::OpsFor<T>, T, 8, 4> {
+  using Base = portable::Routines<portable::OpsFor<T>, T, 8, 4>;
+  static constexpr Index mr = Base::mr, nr = Base::nr;  // named here for tile_on's bounds
   /// tile() always computes all NR columns (fixed bounds the compiler vectorises), so it never
   /// reads B in place, where columns past an edge may not exist (Context::strided_tiles).
   static constexpr bool any_width = false;
@@ -150,37 +152,6 @@ struct PortableKernel {
     tile_on<true>(kc, A, B, ldb, src, values, dst);
   }
 
-  /// Decoding (skinny.hpp): result[c·4 + i] = rows[i, :]·B[:, c] for i < count ≤ 4 and
-  /// c < columns, rows contiguous with stride depth, B's columns with stride ldb.
-  static void dot_columns(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
-                          Index row_walk) {
-    portable::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
-  }
-  /// The same with B in bfloat16, widened exactly as it is loaded (float only: few_row_kernel).
-  static void dot_columns_bf16(Index count, const T* rows, Index depth, const Eigen::bfloat16* b, Index ldb, Index columns,
-                               T* result, Index row_walk) {
-    if constexpr (std::is_same_v<T, float>) portable::stream_columns<Ops>(count, rows, depth, b, ldb, columns, result, row_walk);
-  }
-  /// The same with the rows ldr apart (few-row attention's P·V, flash_attention.hpp).
-  static void dot_rows(Index count, const T* rows, Index ldr, Index depth, const T* b, Index ldb, Index columns, T* result,
-                       Index ahead) {
-    portable::dot_columns<Ops>(count, rows, ldr, depth, b, ldb, columns, result, ahead);
-  }
-
-  /// Few-row attention's scores, K read in place: s[i·lds + j] (+)= Σ_c k[c·ldk + j]·q[c·ldq + i],
-  /// i < count ≤ 4, j < n, c < depth; `start`: from zero.
-  static void column_scores(Index count, Index n, Index depth, const T* k, Index ldk, const T* q, Index ldq, T* s, Index lds,
-                            bool start, Index ahead) {
-    portable::column_scores<Ops>(count, n, depth, k, ldk, q, ldq, s, lds, start, ahead);
-  }
-  /// Flash attention (flash_attention.hpp): micro_kernel_simd.inc's softmax step and rescaling.
-  static void softmax_panel(T* s, Index n, T* m, T* l, T* alpha) {
-    portable::softmax_panel<mr, Ops>(s, n, m, l, alpha);
-  }
-  static void scale_panel(T* o, Index columns, const T* alpha) { portable::scale_panel<mr, Ops>(o, columns, alpha); }
-  static void softmax_row(T* s, Index n, T* m, T* l, T* alpha) { portable::softmax_row<Ops>(s, n, m, l, alpha); }
-  static constexpr Index lanes() { return Ops::lanes; }
-
   /// P·A = L·U in place for a small row-major A: micro_kernel_simd.inc's lu_rows with scalars
   /// (same layout, pivots and multipliers; the padding and scratch row are not read).
   BD_PORTABLE_COLD static void lu_rows(T* a, Index n, Index ld, Index* perm) {
@@ -208,15 +179,6 @@ struct PortableKernel {
       }
       p = next;
     }
-  }
-
-  /// L⁻¹ of a small lower-triangular L, row by row (inverse.hpp).
-  static void lower_inverse_rows(const T* L, Index rs, Index cs, Index n, bool unit, T* work, Index ld, T* out, Index ldo) {
-    portable::lower_inverse_rows<Ops>(L, rs, cs, n, unit, work, ld, out, ldo);
-  }
-  /// The pivots of QR with column pivoting (pivoted_qr.hpp): micro_kernel_simd.inc's qr_pivots.
-  static void qr_pivots(T* a, Index rows, Index ld, Index cols, Index count, Index* perm, T* diag, T* scratch) {
-    portable::qr_pivots<Ops>(a, rows, ld, cols, count, perm, diag, scratch);
   }
 };
 
