@@ -34,16 +34,20 @@ struct FewRowKernel {
                            T* result, Index row_walk) = nullptr;
 };
 
+/// Kernel's FewRowKernel, built on first use (once per instruction set and scalar type).
 template <typename Kernel, typename T>
-FewRowKernel<T> few_row_kernel() {
-  FewRowKernel<T> k;
-  k.lanes = Kernel::lanes();
-  k.column_scores = &Kernel::column_scores;
-  k.softmax_row = &Kernel::softmax_row;
-  k.dot_rows = &Kernel::dot_rows;
-  k.dot_columns = &Kernel::dot_columns;
-  if constexpr (std::is_same_v<T, float>) k.dot_columns_bf16 = &Kernel::dot_columns_bf16;
-  return k;
+const FewRowKernel<T>& few_row_kernel() {
+  static const FewRowKernel<T> table = [] {
+    FewRowKernel<T> k;
+    k.lanes = Kernel::lanes();
+    k.column_scores = &Kernel::column_scores;
+    k.softmax_row = &Kernel::softmax_row;
+    k.dot_rows = &Kernel::dot_rows;
+    k.dot_columns = &Kernel::dot_columns;
+    if constexpr (std::is_same_v<T, float>) k.dot_columns_bf16 = &Kernel::dot_columns_bf16;
+    return k;
+  }();
+  return table;
 }
 
 }  // namespace bd::kernel::detail

@@ -200,18 +200,22 @@ struct FlashTileKernel {
   void (*pack_values)(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index ahead) = nullptr;
 };
 
+/// Kernel's FlashTileKernel, built on first use (once per instruction set and scalar type).
 template <typename Kernel, typename T>
-FlashTileKernel<T> flash_tile_kernel() {
+const FlashTileKernel<T>& flash_tile_kernel() {
   static_assert(Kernel::mr <= max_tile_rows && Kernel::nr <= max_tile_columns, "pack.hpp: raise max_tile_rows/columns");
-  FlashTileKernel<T> k;
-  k.mr = Kernel::mr, k.nr = Kernel::nr;
-  k.tile = &Kernel::tile;
-  k.tile_transposed = &Kernel::tile_transposed;
-  k.softmax_panel = &Kernel::softmax_panel;
-  k.scale_panel = &Kernel::scale_panel;
-  k.pack_keys = &pack_key_panels<Kernel::nr, T>;
-  k.pack_values = &pack_value_panels<Kernel::nr, T>;
-  return k;
+  static const FlashTileKernel<T> table = [] {
+    FlashTileKernel<T> k;
+    k.mr = Kernel::mr, k.nr = Kernel::nr;
+    k.tile = &Kernel::tile;
+    k.tile_transposed = &Kernel::tile_transposed;
+    k.softmax_panel = &Kernel::softmax_panel;
+    k.scale_panel = &Kernel::scale_panel;
+    k.pack_keys = &pack_key_panels<Kernel::nr, T>;
+    k.pack_values = &pack_value_panels<Kernel::nr, T>;
+    return k;
+  }();
+  return table;
 }
 
 /// The most MR-row panels a task has: Bq ≤ 256 rows rounded up to MR (Context::query_block), MR ≥ 2.
@@ -748,9 +752,11 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0, Workspace&
   const Context& context = active_context();
   if (rows <= detail::few_rows_limit())
     return detail::flash_attention_few_rows(
-        a, threads, on_active_kernel<T>([](auto k) { return detail::few_row_kernel<decltype(k), T>(); }), context, scratch);
-  detail::flash_attention_on(a, threads, on_active_kernel<T>([](auto k) { return detail::flash_tile_kernel<decltype(k), T>(); }),
-                             context, scratch);
+        a, threads, on_active_kernel<T>([](auto k) -> decltype(auto) { return detail::few_row_kernel<decltype(k), T>(); }),
+        context, scratch);
+  detail::flash_attention_on(
+      a, threads, on_active_kernel<T>([](auto k) -> decltype(auto) { return detail::flash_tile_kernel<decltype(k), T>(); }),
+      context, scratch);
 }
 
 /// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.

@@ -79,18 +79,20 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
           throw RangeError("bd::kernel::gemm: bf16 compute reads X column-major (a layer's activations); this X is row-major");
         // X's channels rounded once into a compact copy that the packing reads (RoundedInput).
         const Packing packing = context.bf16_method() == Bf16Method::Dot ? Packing::Pairs : Packing::Rounded;
-        const PackedKernel<T, S> kernel =
-            on_active_kernel<T>([packing](auto k) { return bf16_packed_kernel<decltype(k), T, S>(packing); });
+        const PackedKernel<T, S>& kernel = on_active_kernel<T>(
+            [packing](auto k) -> decltype(auto) { return bf16_packed_kernel<decltype(k), T, S>(packing); });
         GemmArguments<T, S> rounded;
         round_input(a, threads, ws.local<RoundedInput<T>>(), rounded);
         return gemm_packed(a, rounded, total, blk, threads, kernel, context, ws);
       }
     }
     if (a.rows <= skinny_rows && !a.x_row_major)
-      return gemm_skinny(a, threads, on_active_kernel<T>([](auto k) { return few_row_kernel<decltype(k), T>(); }), context,
-                         ws.local<SkinnyScratch<T>>());
+      return gemm_skinny(a, threads,
+                         on_active_kernel<T>([](auto k) -> decltype(auto) { return few_row_kernel<decltype(k), T>(); }),
+                         context, ws.local<SkinnyScratch<T>>());
   }
-  const PackedKernel<T, S> kernel = on_active_kernel<T>([](auto k) { return packed_kernel<decltype(k), T, S>(); });
+  const PackedKernel<T, S>& kernel =
+      on_active_kernel<T>([](auto k) -> decltype(auto) { return packed_kernel<decltype(k), T, S>(); });
   gemm_packed(a, a, total, blk, threads, kernel, context, ws);
 }
 }  // namespace detail

@@ -106,16 +106,20 @@ struct has_pair_tile : std::false_type {};
 template <typename Kernel>
 struct has_pair_tile<Kernel, std::enable_if_t<Kernel::pair_tiles>> : std::true_type {};
 
-/// Kernel's PackedKernel for a product with B stored in S.
+/// Kernel's PackedKernel for a product with B stored in S, built on first use (once per
+/// instruction set, scalar and storage type).
 template <typename Kernel, typename T, typename S>
-PackedKernel<T, S> packed_kernel() {
+const PackedKernel<T, S>& packed_kernel() {
   static_assert(Kernel::mr <= max_tile_rows && Kernel::nr <= max_tile_columns, "loop.hpp: raise max_tile_rows/columns");
-  PackedKernel<T, S> k;
-  k.mr = Kernel::mr, k.nr = Kernel::nr, k.any_width = Kernel::any_width;
-  k.tile = &Kernel::tile;
-  k.pack_a = &pack_a<Kernel::mr, T, S>;
-  k.pack_b = &pack_b<Kernel::nr, T, S>;
-  return k;
+  static const PackedKernel<T, S> table = [] {
+    PackedKernel<T, S> k;
+    k.mr = Kernel::mr, k.nr = Kernel::nr, k.any_width = Kernel::any_width;
+    k.tile = &Kernel::tile;
+    k.pack_a = &pack_a<Kernel::mr, T, S>;
+    k.pack_b = &pack_b<Kernel::nr, T, S>;
+    return k;
+  }();
+  return table;
 }
 
 /// The same for bf16 compute (T float, B stored in float or bfloat16), packing its operands as
@@ -123,19 +127,26 @@ PackedKernel<T, S> packed_kernel() {
 /// (the caller asks for pairs only there). Its own function, so that a program that never asks
 /// for bf16 compiles none of it.
 template <typename Kernel, typename T, typename S>
-PackedKernel<T, S> bf16_packed_kernel(Packing packing) {
-  PackedKernel<T, S> k = packed_kernel<Kernel, T, S>();
-  k.packing = packing;
-  k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Rounded, T, S>;
-  k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Rounded, T, S>;
+const PackedKernel<T, S>& bf16_packed_kernel(Packing packing) {
+  static const PackedKernel<T, S> rounded = [] {
+    PackedKernel<T, S> k = packed_kernel<Kernel, T, S>();
+    k.packing = Packing::Rounded;
+    k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Rounded, T, S>;
+    k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Rounded, T, S>;
+    return k;
+  }();
   if constexpr (has_pair_tile<Kernel>::value) {
-    if (packing == Packing::Pairs) {
+    static const PackedKernel<T, S> pairs = [] {
+      PackedKernel<T, S> k = packed_kernel<Kernel, T, S>();
+      k.packing = Packing::Pairs;
       k.tile = &Kernel::tile_pairs;
       k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Pairs, T, S>;
       k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Pairs, T, S>;
-    }
+      return k;
+    }();
+    if (packing == Packing::Pairs) return pairs;
   }
-  return k;
+  return rounded;
 }
 
 /// bf16 compute: the channels of X that the segments read, rounded to bfloat16 once per product
