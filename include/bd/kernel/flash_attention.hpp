@@ -613,6 +613,75 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
   if (chunks > 1) merge_chunks(plan, whole, shared_positions, partial, threads);
 }
 
+/// One worker's state in the few-row path: a key/value head group's rows (queries scaled and
+/// channel-major, qp[c·rows + r]), their scores against a block of keys (rows of ld), output
+/// accumulators, running max, sum and rescaling, positions, and dot_rows's results.
+template <typename T>
+struct FewRows {
+  Index rows = 0, ld = 0, kh = 0, vh = 0;
+  T *qp = nullptr, *sp = nullptr, *op = nullptr, *m = nullptr, *l = nullptr, *alpha = nullptr, *dots = nullptr;
+  Index* pos = nullptr;
+};
+
+/// Loads group g's rows: queries scaled, positions, and the running state (from the streaming
+/// call's, or empty). Returns how many keys the rows see (0: none, causally).
+template <typename T>
+Index few_rows_start(const AttentionArguments<T>& a, Index g, Index group, FewRows<T>& w) {
+  Index last_position = 0;
+  for (Index r = 0; r < w.rows; ++r) {
+    const Index h = g * group + r / a.q_len, t = r % a.q_len;
+    w.pos[r] = a.first_query_position + t;
+    last_position = std::max(last_position, w.pos[r]);
+    const T* q = a.q + h * a.d_qk * a.ldq + t;
+    for (Index c = 0; c < a.d_qk; ++c) w.qp[c * w.rows + r] = q[c * a.ldq] * a.scale;
+    const T* qr = a.qr + h * a.d_rope * a.ldqr + t;
+    for (Index c = 0; c < a.d_rope; ++c) w.qp[(a.d_qk + c) * w.rows + r] = qr[c * a.ldqr] * a.scale;
+  }
+  const Index k_end = a.causal ? std::min(a.k_len, last_position + 1 - a.first_key_position) : a.k_len;
+  if (k_end <= 0) return 0;
+  const bool streaming = a.row_max != nullptr;
+  for (Index r = 0; r < w.rows; ++r) {
+    const Index h = g * group + r / a.q_len, t = r % a.q_len;
+    w.m[r] = streaming ? a.row_max[h * a.q_len + t] : -std::numeric_limits<T>::infinity();
+    w.l[r] = streaming ? a.row_sum[h * a.q_len + t] : T(0);
+    for (Index c = 0; c < a.d_v; ++c) w.op[r * a.d_v + c] = streaming ? a.out[(h * a.d_v + c) * a.ldo + t] : T(0);
+  }
+  return k_end;
+}
+
+/// The rows against keys [k0, k0 + bk): S = Q·Kᵀ ([k | k_rope] in channel order, four rows per
+/// sweep), softmax_row's online step on each row, then P·V added to the accumulators.
+template <typename T>
+void few_rows_block(const AttentionArguments<T>& a, const FewRowKernel<T>& kernel, Index k0, Index bk, Index ahead,
+                    FewRows<T>& w) {
+  const Index rows = w.rows, ld = w.ld, dv = a.d_v;
+  const T* k = a.k + w.kh * a.d_qk * a.ldk + k0;
+  for (Index r0 = 0; r0 < rows; r0 += 4) {
+    const Index count = std::min<Index>(4, rows - r0);
+    kernel.column_scores(count, bk, a.d_qk, k, a.ldk, w.qp + r0, rows, w.sp + r0 * ld, ld, true, ahead);
+    if (a.d_rope > 0)
+      kernel.column_scores(count, bk, a.d_rope, a.kr + k0, a.ldkr, w.qp + a.d_qk * rows + r0, rows, w.sp + r0 * ld, ld, false,
+                           ahead);
+  }
+  const Index key0 = a.first_key_position + k0;
+  for (Index r = 0; r < rows; ++r) {
+    T* s = w.sp + r * ld;
+    // Keys after the row's position (causal) and the padding past bk do not count.
+    const Index visible = a.causal ? std::clamp<Index>(w.pos[r] + 1 - key0, 0, bk) : bk;
+    const Index n = round_up(bk, kernel.lanes);
+    std::fill(s + visible, s + n, -std::numeric_limits<T>::infinity());
+    kernel.softmax_row(s, n, w.m + r, w.l + r, w.alpha + r);
+    for (Index c = 0; c < dv; ++c) w.op[r * dv + c] *= w.alpha[r];
+  }
+  const T* v = a.v + w.vh * dv * a.ldv + k0;
+  for (Index r0 = 0; r0 < rows; r0 += 4) {
+    const Index count = std::min<Index>(4, rows - r0);
+    kernel.dot_rows(count, w.sp + r0 * ld, ld, bk, v, a.ldv, dv, w.dots, ahead);
+    for (Index i = 0; i < count; ++i)
+      for (Index c = 0; c < dv; ++c) w.op[(r0 + i) * dv + c] += w.dots[c * 4 + i];
+  }
+}
+
 /// Few query rows per key/value head (decoding, GQA decoding: group·Lq ≤ 8): the tile path would
 /// compute MR rows for each of them and pack every key first. Here K and V are read where they
 /// lie, each once per group of up to four rows: the rows' scores against a block of keys by
@@ -630,8 +699,8 @@ void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const
   // within 256 KiB (L2). Not tuning: the block sets where the online softmax rescales, which bd
   // keeps the same on every CPU for a shape.
   const Index Bk = rows <= 4 ? 4096 : std::clamp<Index>(Index(256 * 1024 / sizeof(T)) / std::max<Index>(1, D) / 16 * 16, 16, 1024);
-  // Per worker: the rows' queries (qp[c·rows + r]), their scores (rows of Bk, padded to whole
-  // vectors with −∞), output accumulators, each row's max, sum, rescaling and position, dot results.
+  // Per worker (FewRows): queries, scores (rows of Bk, padded to whole vectors with −∞), output
+  // accumulators, each row's max, sum, rescaling and position, dot results.
   const Index ld = Bk, q_size = D * rows, s_size = rows * ld, o_size = rows * dv;
   const Index per_worker = q_size + s_size + o_size + 3 * rows + 4 * dv;
   const Index workers = std::max(1, threads);
@@ -646,69 +715,20 @@ void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const
 #else
     const Index me = 0;
 #endif
-    T* const qp = buffers + me * per_worker;
-    T* const sp = qp + q_size;
-    T* const op = sp + s_size;
-    T* const m = op + o_size;
-    T* const l = m + rows;
-    T* const alpha = l + rows;
-    T* const dots = alpha + rows;
-    Index* const pos = positions + me * rows;
-    const Index kh = g * a.n_k / groups, vh = g * a.n_v / groups;
-    // The rows' queries, scaled, channel-major: qp[c·rows + r].
-    Index last_position = 0;
-    for (Index r = 0; r < rows; ++r) {
-      const Index h = g * group + r / a.q_len, t = r % a.q_len;
-      pos[r] = a.first_query_position + t;
-      last_position = std::max(last_position, pos[r]);
-      const T* q = a.q + h * a.d_qk * a.ldq + t;
-      for (Index c = 0; c < a.d_qk; ++c) qp[c * rows + r] = q[c * a.ldq] * a.scale;
-      const T* qr = a.qr + h * a.d_rope * a.ldqr + t;
-      for (Index c = 0; c < a.d_rope; ++c) qp[(a.d_qk + c) * rows + r] = qr[c * a.ldqr] * a.scale;
-    }
-    const Index k_end = a.causal ? std::min(a.k_len, last_position + 1 - a.first_key_position) : a.k_len;
+    FewRows<T> w;
+    w.rows = rows, w.ld = ld, w.kh = g * a.n_k / groups, w.vh = g * a.n_v / groups;
+    w.qp = buffers + me * per_worker, w.sp = w.qp + q_size, w.op = w.sp + s_size;
+    w.m = w.op + o_size, w.l = w.m + rows, w.alpha = w.l + rows, w.dots = w.alpha + rows;
+    w.pos = positions + me * rows;
+    const Index k_end = few_rows_start(a, g, group, w);
+    for (Index k0 = 0; k0 < k_end; k0 += Bk) few_rows_block(a, kernel, k0, std::min(Bk, k_end - k0), ahead, w);
     if (k_end <= 0) continue;
     const bool streaming = a.row_max != nullptr;
     for (Index r = 0; r < rows; ++r) {
       const Index h = g * group + r / a.q_len, t = r % a.q_len;
-      m[r] = streaming ? a.row_max[h * a.q_len + t] : -std::numeric_limits<T>::infinity();
-      l[r] = streaming ? a.row_sum[h * a.q_len + t] : T(0);
-      for (Index c = 0; c < dv; ++c) op[r * dv + c] = streaming ? a.out[(h * dv + c) * a.ldo + t] : T(0);
-    }
-    for (Index k0 = 0; k0 < k_end; k0 += Bk) {
-      const Index bk = std::min(Bk, k_end - k0);
-      // S = Q·Kᵀ for the block, [k | k_rope] in channel order, four rows per sweep.
-      const T* k = a.k + kh * a.d_qk * a.ldk + k0;
-      for (Index r0 = 0; r0 < rows; r0 += 4) {
-        const Index count = std::min<Index>(4, rows - r0);
-        kernel.column_scores(count, bk, a.d_qk, k, a.ldk, qp + r0, rows, sp + r0 * ld, ld, true, ahead);
-        if (a.d_rope > 0)
-          kernel.column_scores(count, bk, a.d_rope, a.kr + k0, a.ldkr, qp + a.d_qk * rows + r0, rows, sp + r0 * ld, ld, false,
-                               ahead);
-      }
-      const Index key0 = a.first_key_position + k0;
-      for (Index r = 0; r < rows; ++r) {
-        T* s = sp + r * ld;
-        // Keys after the row's position (causal) and the padding past bk do not count.
-        const Index visible = a.causal ? std::clamp<Index>(pos[r] + 1 - key0, 0, bk) : bk;
-        const Index n = round_up(bk, kernel.lanes);
-        std::fill(s + visible, s + n, -std::numeric_limits<T>::infinity());
-        kernel.softmax_row(s, n, m + r, l + r, alpha + r);
-        for (Index c = 0; c < dv; ++c) op[r * dv + c] *= alpha[r];
-      }
-      const T* v = a.v + vh * dv * a.ldv + k0;
-      for (Index r0 = 0; r0 < rows; r0 += 4) {
-        const Index count = std::min<Index>(4, rows - r0);
-        kernel.dot_rows(count, sp + r0 * ld, ld, bk, v, a.ldv, dv, dots, ahead);
-        for (Index i = 0; i < count; ++i)
-          for (Index c = 0; c < dv; ++c) op[(r0 + i) * dv + c] += dots[c * 4 + i];
-      }
-    }
-    for (Index r = 0; r < rows; ++r) {
-      const Index h = g * group + r / a.q_len, t = r % a.q_len;
-      const T inv = streaming ? T(1) : T(1) / l[r];
-      if (streaming) a.row_max[h * a.q_len + t] = m[r], a.row_sum[h * a.q_len + t] = l[r];
-      for (Index c = 0; c < dv; ++c) a.out[(h * dv + c) * a.ldo + t] = op[r * dv + c] * inv;
+      const T inv = streaming ? T(1) : T(1) / w.l[r];
+      if (streaming) a.row_max[h * a.q_len + t] = w.m[r], a.row_sum[h * a.q_len + t] = w.l[r];
+      for (Index c = 0; c < dv; ++c) a.out[(h * dv + c) * a.ldo + t] = w.op[r * dv + c] * inv;
     }
   }
 }
