@@ -140,17 +140,10 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
     // dots: row i of column j at j·skinny_rows + i (dot_columns) or i·width + j (column_scores).
     T dots[max_width * skinny_rows];
     const T* rows = gathered + offsets[group.segment];
-    if constexpr (bf16_in_place) {
-      if (!by_rows) {
-        kernel.dot_columns_bf16(L, rows, seg.depth, source, a.ldb, group.count, dots, row_walk);
-        write_dots(a, group, dots, skinny_rows, 1);
-        continue;
-      }
-    }
     const T* b = nullptr;
     Index ldb = a.ldb;
     if (!convert) {
-      b = reinterpret_cast<const T*>(source);  // S is T here
+      if constexpr (std::is_same_v<S, T>) b = source;  // else a bfloat16 B, read in place below
     } else {
 #ifdef _OPENMP
       T* buffer = buffers + omp_get_thread_num() * width * max_depth;
@@ -167,7 +160,8 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
       b = buffer;
     }
     if (!by_rows) {
-      kernel.dot_columns(L, rows, seg.depth, b, ldb, group.count, dots, row_walk);
+      if constexpr (bf16_in_place) kernel.dot_columns_bf16(L, rows, seg.depth, source, a.ldb, group.count, dots, row_walk);
+      else kernel.dot_columns(L, rows, seg.depth, b, ldb, group.count, dots, row_walk);
     } else if (seg.depth > 0) {
       kernel.column_scores(L, group.count, seg.depth, b, ldb, rows, L, dots, width, true, ahead);
     } else {
