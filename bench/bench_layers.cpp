@@ -9,10 +9,12 @@
 //                                of the FLOP ratio, from the same seconds of the machine; the
 //                                forward's rotation holds the GEMM yardstick too (its share);
 //   attention/interleaved_bf16/<L>  the same with both layers stored in bf16 and computing in bf16
-//                                (their projections; the attention itself stays f32) and the
-//                                yardstick GEMM in bf16 too: the shares of the bf16 GEMM rate;
+//                                (their projections and attention) and the yardstick GEMM in
+//                                bf16 too: the shares of the bf16 GEMM rate;
 //   attention/flash/<L>          the layers' attention alone (flash attention, causal), with the
 //                                GEMM yardstick in turn: its share of the GEMM rate;
+//   attention/flash_bf16/<L>     the same in bf16 compute beside the bf16 GEMM and the f32
+//                                attention: its share of the bf16 GEMM rate, bf16_over_f32;
 //   gemm/bd_kernel/<L>           the dense GEMM rate of bd's kernel in the same run (the yardstick);
 //   linear/<impl>/<shape>        L = 1024 tokens through a LLaMA2-7B projection at the rank that
 //                                keeps 80 % of its parameters (the paper's low-rank table);
@@ -209,10 +211,13 @@ void interleaved_counters(benchmark::State& state, const std::vector<double>& t,
 struct OutputProjectionGemm {
   Index L, depth = kHeads * kHeadDim;
   Eigen::MatrixXf x, w, y;
-  explicit OutputProjectionGemm(Index rows)
-      : L(rows), x(Eigen::MatrixXf::Random(rows, depth)), w(Eigen::MatrixXf::Random(depth, kHidden)), y(rows, kHidden) {}
+  bd::kernel::Compute compute;
+  explicit OutputProjectionGemm(Index rows, bd::kernel::Compute c = bd::kernel::Compute::F32)
+      : L(rows), x(Eigen::MatrixXf::Random(rows, depth)), w(Eigen::MatrixXf::Random(depth, kHidden)), y(rows, kHidden),
+        compute(c) {}
   void operator()() {
-    bd::kernel::linear_into<float, float>(x.data(), L, L, depth, w.data(), depth, false, kHidden, nullptr, y.data(), L);
+    bd::kernel::linear_into<float, float>(x.data(), L, L, depth, w.data(), depth, false, kHidden, nullptr, y.data(), L, 0,
+                                          bd::default_workspace(), compute);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -284,7 +289,10 @@ void attention_interleaved_bf16(benchmark::State& state) {
 /// its 128 heads over L tokens (d_qk 128 + RoPE 64, d_v 128), as the forward calls it — and the
 /// output projection's GEMM (gemm_rate's) in turn: its FLOP rate (the causal half of the scores
 /// and P·V, what the kernel must do) and its share of the GEMM's from the same seconds.
-void flash_interleaved(benchmark::State& state) {
+/// attention/flash_bf16/<L>: the same attention in bf16 compute beside the same in f32 and the
+/// GEMM in bf16: its share of the bf16 GEMM rate, and `bf16_over_f32` (paired).
+void flash_interleaved(benchmark::State& state, bd::kernel::Compute compute) {
+  using bd::kernel::Compute;
   const Index L = state.range(0);
   const Eigen::MatrixXf q = Eigen::MatrixXf::Random(L, kHeads * kHeadDim), qr = Eigen::MatrixXf::Random(L, kHeads * kRopeDim);
   const Eigen::MatrixXf k = Eigen::MatrixXf::Random(L, kHeads * kHeadDim), kr = Eigen::MatrixXf::Random(L, kRopeDim);
@@ -298,18 +306,29 @@ void flash_interleaved(benchmark::State& state) {
   a.ldq = a.ldqr = a.ldk = a.ldkr = a.ldv = a.ldo = L;
   a.scale = 1 / std::sqrt(float(kHeadDim + kRopeDim));
   a.causal = true;
-  OutputProjectionGemm gemm(L);
-  const std::vector<double> t = bd_bench::time_interleaved(state, {[&] {
-                                                                     bd::kernel::flash_attention(a);
-                                                                     benchmark::DoNotOptimize(out.data());
-                                                                   },
-                                                                   [&] { gemm(); }});
+  OutputProjectionGemm gemm(L, compute);
+  const auto flash = [&](Compute c) {
+    return [&, c] {
+      bd::kernel::AttentionArguments<float> call = a;
+      call.compute = c;
+      bd::kernel::flash_attention(call);
+      benchmark::DoNotOptimize(out.data());
+    };
+  };
+  std::vector<std::vector<double>> seconds;
+  std::vector<std::function<void()>> calls{flash(compute), [&] { gemm(); }};
+  if (compute == Compute::BF16) calls.push_back(flash(Compute::F32));
+  const std::vector<double> t = bd_bench::time_interleaved(state, calls, {}, &seconds);
   const double flops = attend_flops(double(L), (double(L) + 1) / 2);
   const double rate = gemm.flops() / t[1];
   state.counters["flash_ms"] = t[0] * 1e3;
   state.counters["flash_GFLOP/s"] = flops / t[0] * 1e-9;
   state.counters["gemm_GFLOP/s"] = rate * 1e-9;
   state.counters["share_of_gemm"] = flops / t[0] / rate;
+  if (compute == Compute::BF16) {
+    state.counters["flash_f32_ms"] = t[2] * 1e3;
+    state.counters["bf16_over_f32"] = bd_bench::paired_ratio(seconds[0], seconds[2]);
+  }
 }
 
 /// decode/interleaved/<context>: one token through the dense and the BD layer, called in turn.
@@ -490,7 +509,10 @@ int register_all() {
       ->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
   benchmark::RegisterBenchmark("attention/interleaved_bf16", attention_interleaved_bf16)
       ->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
-  benchmark::RegisterBenchmark("attention/flash", flash_interleaved)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+  benchmark::RegisterBenchmark("attention/flash", flash_interleaved, bd::kernel::Compute::F32)
+      ->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+  benchmark::RegisterBenchmark("attention/flash_bf16", flash_interleaved, bd::kernel::Compute::BF16)
+      ->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
   benchmark::RegisterBenchmark("decode/interleaved", decode_interleaved)
       ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
   benchmark::RegisterBenchmark("gemm/bd_kernel", gemm_rate)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);

@@ -14,7 +14,8 @@
 //                                              the GEMM rate): bd_share_of_floor;
 //   prefill/mla_chunk/interleaved/<context>    the same for the chunk (automatic path).
 //   decode/mla_absorbed/interleaved_bf16/<context>  the token with both layers stored and
-//                                              computing in bf16 (the latent cache in f32).
+//                                              computing in bf16 (the latent cache in f32), beside
+//                                              the BD layer's f32 token (bf16_over_f32, paired).
 //
 // The layer is DeepSeek-V3's at full size (config.json of deepseek-ai/DeepSeek-V3): hidden 7168,
 // 128 heads, query LoRA 1536, latent 512, nope 128, rope 64, v 128; weights uniform with the
@@ -185,11 +186,12 @@ const bd_bench::Bf16LayerPair& bf16_mla_pair() {
 }
 
 /// decode/mla_absorbed/interleaved_bf16/<context>: the two layers' token in bf16 (stored and
-/// computing), each on its own f32 latent cache, in turn: medians and ratio.
+/// computing), each on its own f32 latent cache, in turn with the BD layer's token in f32:
+/// medians, ratio, and `bf16_over_f32` (the BD token in bf16 over the same in f32, paired).
 void decode_absorbed_interleaved_bf16(benchmark::State& state) {
   const bd_bench::Bf16LayerPair& pair = bf16_mla_pair();
   const Index context = state.range(0);
-  auto dense_cache = filled_cache(context, 1), bd_cache = filled_cache(context, 1);
+  auto dense_cache = filled_cache(context, 1), bd_cache = filled_cache(context, 1), f32_cache = filled_cache(context, 1);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
   const auto token = [&](bool bd, bd::nn::LatentCache<float>& cache) {
     return [&, bd] {
@@ -199,9 +201,14 @@ void decode_absorbed_interleaved_bf16(benchmark::State& state) {
     };
   };
   std::vector<std::vector<double>> seconds;
-  const std::vector<double> t = bd_bench::time_interleaved(state, {token(false, dense_cache), token(true, bd_cache)}, {}, &seconds);
+  const std::vector<double> t = bd_bench::time_interleaved(
+      state,
+      {token(false, dense_cache), token(true, bd_cache), [&] { decode_token(mla_pair(), true, x, f32_cache, context); }}, {},
+      &seconds);
   const DecodeFlops f(mla_pair(), context);
   pair_counters(state, t, seconds, f.dense, f.bd);
+  state.counters["bd_f32_ms"] = t[2] * 1e3;
+  state.counters["bf16_over_f32"] = bd_bench::paired_ratio(seconds[1], seconds[2]);
 }
 
 /// A chunk of kChunk tokens prefilled by the dense or the BD layer over `context` cached ones,

@@ -128,6 +128,30 @@ void for_each_isa(Body&& body) {
   }
 }
 
+/// Runs body() on every instruction set and, on AVX-512 with AVX512-BF16, once with vdpbf16ps and
+/// once with FMAs on the rounded operands (the tuning's bf16 choice).
+template <typename Body>
+void for_each_bf16_path(Body&& body) {
+  using bd::kernel::Bf16Method;
+  using bd::kernel::Isa;
+  for_each_isa([&] {
+    const Isa isa = bd::kernel::active_isa();
+    const bd::kernel::Tuning before = bd::kernel::active_context().tuning;
+    for (Bf16Method method : {Bf16Method::Dot, Bf16Method::Fma}) {
+      bd::kernel::Tuning t = before;
+      t.bf16 = method;
+      bd::kernel::use_tuning(isa, t);
+      if (method == Bf16Method::Dot && bd::kernel::active_context().bf16_method() != Bf16Method::Dot) {
+        if (isa == Isa::AVX512) WARN("vdpbf16ps skipped: this CPU lacks AVX512-BF16");
+        continue;
+      }
+      INFO("bf16 by " << bd::kernel::to_string(method));
+      body();
+    }
+    bd::kernel::use_tuning(isa, before);
+  });
+}
+
 /// The folder of the real models that ship with bd (examples/models), or BD_MODELS_DIR from the
 /// environment.
 std::string models_dir();

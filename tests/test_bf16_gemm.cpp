@@ -18,7 +18,6 @@
 
 #include "support.hpp"
 
-using bd::kernel::Bf16Method;
 using bd::kernel::Blocking;
 using bd::kernel::Compute;
 using bd::kernel::Isa;
@@ -100,28 +99,6 @@ const Case cases[] = {
     {129, 96, 130, true},
 };
 
-/// Runs body(method) on every instruction set and, on AVX-512 with AVX512-BF16, with vdpbf16ps
-/// and with FMAs (the tuning's bf16 choice).
-template <typename Body>
-void for_each_bf16_path(Body&& body) {
-  bd_test::for_each_isa([&] {
-    const Isa isa = bd::kernel::active_isa();
-    const bd::kernel::Tuning before = bd::kernel::active_context().tuning;
-    for (Bf16Method method : {Bf16Method::Dot, Bf16Method::Fma}) {
-      bd::kernel::Tuning t = before;
-      t.bf16 = method;
-      bd::kernel::use_tuning(isa, t);
-      if (method == Bf16Method::Dot && bd::kernel::active_context().bf16_method() != Bf16Method::Dot) {
-        if (isa == Isa::AVX512) WARN("vdpbf16ps skipped: this CPU lacks AVX512-BF16");
-        continue;
-      }
-      INFO("bf16 by " << bd::kernel::to_string(method));
-      body();
-    }
-    bd::kernel::use_tuning(isa, before);
-  });
-}
-
 }  // namespace
 
 TEST_CASE("bf16 gemm: small integers give the exact product on every path", "[kernel][bf16]") {
@@ -139,7 +116,7 @@ TEST_CASE("bf16 gemm: small integers give the exact product on every path", "[ke
     MatrixXd exact, magnitude;
     p.reference(exact, magnitude);
     INFO(c.L << " × " << c.K << " × " << c.N);
-    for_each_bf16_path([&] {
+    bd_test::for_each_bf16_path([&] {
       CHECK(p.run(Compute::BF16).cast<double>() == exact);
       CHECK(stored.run(Compute::BF16).cast<double>() == exact);
       CHECK(p.run(Compute::BF16, {}, 1).cast<double>() == exact);
@@ -159,7 +136,7 @@ TEST_CASE("bf16 gemm: the product of the rounded operands within the float sum's
     const double u = std::ldexp(1.0, -24);
     INFO(c.L << " × " << c.K << " × " << c.N);
     std::vector<MatrixXf> packed;  // the packed path's outputs, one per ISA and method
-    for_each_bf16_path([&] {
+    bd_test::for_each_bf16_path([&] {
       const MatrixXf got = p.run(Compute::BF16);
       const MatrixXd excess = (got.cast<double>() - exact).cwiseAbs() - (double(c.K) + 1) * u * magnitude;
       CHECK(excess.maxCoeff<Eigen::PropagateNaN>() <= 0.0);
@@ -178,7 +155,7 @@ TEST_CASE("bf16 gemm: the product of the rounded operands within the float sum's
 TEST_CASE("bf16 gemm: no blocking moves a bit (pairs never straddle two passes)", "[kernel][bf16]") {
   const Case c{70, 385, 53, true};
   const Product<float> p(c, bd_test::gaussian(70, 393, 11).cast<float>(), bd_test::gaussian(385, 53, 12).cast<float>());
-  for_each_bf16_path([&] {
+  bd_test::for_each_bf16_path([&] {
     const MatrixXf whole = p.run(Compute::BF16);
     for (const Blocking& blk : {Blocking{16, 1, 12}, Blocking{32, 7, 24}, Blocking{48, 64, 36}, Blocking{0, 129, 0}})
       CHECK(p.run(Compute::BF16, blk) == whole);

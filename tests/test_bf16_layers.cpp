@@ -1,6 +1,6 @@
 // Layers computing in bf16 (compute.hpp): every product takes its operands rounded once to
-// bfloat16 and sums in f32, the rest (softmax, norms, RoPE, the attention itself, BD's basis
-// channels) in f32. What the paper's bf16 claim needs: BD's error in bf16, over the layer
+// bfloat16 and sums in f32 (the attention's QKᵀ and P·V too, where they run tiled), the rest
+// (softmax, norms, RoPE, BD's basis channels, decoding's few-row attention) in f32. What the paper's bf16 claim needs: BD's error in bf16, over the layer
 // computed in double, no worse than the dense layer's own in bf16 — measured on DeepSeek-V3's
 // shape (MLA: 128 heads, latent 512, decoupled RoPE 64; a few tokens) here, on stories260K's
 // trained weights in test_llama.cpp. Layers that cannot honour bf16 refuse it by name when it is

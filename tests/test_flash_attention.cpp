@@ -13,6 +13,7 @@
 #include <bd/kernel/flash_attention.hpp>
 
 #include <limits>
+#include <map>
 
 #include "allocation_counter.hpp"
 #include "support.hpp"
@@ -24,6 +25,7 @@
 namespace {
 
 using bd::kernel::AttentionArguments;
+using bd::kernel::Compute;
 using Eigen::Index;
 using Eigen::MatrixXd;
 
@@ -57,10 +59,18 @@ MatrixXd reference(const Shape& s, const MatrixXd& Q, const MatrixXd& Qr, const 
   return O;
 }
 
+/// x rounded to bfloat16, in double.
+template <typename M>
+MatrixXd bf16_rounded(const M& x) {
+  return x.template cast<float>().template cast<Eigen::bfloat16>().template cast<double>();
+}
+
 /// flash_attention's output on seeded inputs of shape s (threads: 0 for all), and its relative
-/// error against the plain computation.
+/// error against the plain computation — for bf16 compute, the plain computation of the rounded
+/// operands (the queries rounded once scaled, as the kernel rounds them), relative to max|v|, the
+/// scale by which rounding P's weights moves an output.
 template <typename T>
-std::pair<MatrixXd, double> attend(const Shape& s, unsigned seed, int threads) {
+std::pair<MatrixXd, double> attend(const Shape& s, unsigned seed, int threads, Compute compute = Compute::F32) {
   using M = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
   const M Q = (bd_test::gaussian(s.Lq, s.n_q * s.d_qk, seed) * s.spread).cast<T>();
   const M Qr = (bd_test::gaussian(s.Lq, s.n_q * s.d_rope, seed + 1) * s.spread).cast<T>();
@@ -85,13 +95,18 @@ std::pair<MatrixXd, double> attend(const Shape& s, unsigned seed, int threads) {
   M O = M::Constant(s.Lq, s.n_q * s.d_v, T(7));
   a.out = O.data(), a.ldo = s.Lq;
   a.scale = T(scale), a.causal = s.causal, a.first_query_position = s.first;
+  a.compute = compute;
   bd::kernel::flash_attention(a, threads);
   const MatrixXd expected =
-      reference(s, Q.template cast<double>(), Qr.template cast<double>(), K.topRows(s.Lk).template cast<double>(),
-                Kr.topRows(s.Lk).template cast<double>(), V.topRows(s.Lk).template cast<double>(), double(T(scale)));
+      compute == Compute::BF16
+          ? reference(s, bf16_rounded(M(Q * T(scale))), bf16_rounded(M(Qr * T(scale))), bf16_rounded(K.topRows(s.Lk)),
+                      bf16_rounded(Kr.topRows(s.Lk)), bf16_rounded(V.topRows(s.Lk)), 1.0)
+          : reference(s, Q.template cast<double>(), Qr.template cast<double>(), K.topRows(s.Lk).template cast<double>(),
+                      Kr.topRows(s.Lk).template cast<double>(), V.topRows(s.Lk).template cast<double>(), double(T(scale)));
   const MatrixXd got = O.template cast<double>();
   // PropagateNaN: Eigen's default maximum may skip a NaN, and a read of the NaN spare rows must show.
-  return {got, (got - expected).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() / expected.cwiseAbs().maxCoeff()};
+  const double size = compute == Compute::BF16 ? double(V.topRows(s.Lk).cwiseAbs().maxCoeff()) : expected.cwiseAbs().maxCoeff();
+  return {got, (got - expected).cwiseAbs().template maxCoeff<Eigen::PropagateNaN>() / size};
 }
 
 /// Seeded float inputs of shape s and the call that reads them (scale 0.2, causal from s.first),
@@ -268,4 +283,98 @@ TEST_CASE("flash attention allocates nothing for a shape its workspace has seen:
       CHECK(O == once);
     }
   });
+}
+
+// bf16 compute (AttentionArguments::compute): the tiled path multiplies the scaled queries, the
+// keys, the softmax's weights P and the values rounded once to bfloat16, summing in float, the
+// running softmax in float; the few-row path reads the cache in float whatever the request.
+
+namespace {
+
+/// Shapes of the tiled path: odd widths and depths (a pair's missing half), the causal diagonal
+/// cutting a block after an odd number of keys, several key blocks, GQA stacked, values shared,
+/// keys split into chunks (absorbed decoding), the values the latent's first channels in a cache
+/// with spare NaN rows (bf16 packs them: nothing is read in place).
+const Shape kBf16Shapes[] = {
+    {70, 70, 3, 3, 3, 15, 0, 13, true},
+    {130, 700, 2, 2, 2, 24, 7, 19, true, 570},
+    {33, 400, 8, 2, 2, 16, 0, 16, true, 367},
+    {50, 301, 4, 1, 4, 12, 0, 12, false},
+    {1, 5000, 32, 1, 1, 33, 6, 31, true, 4999},
+    {1, 3001, 64, 1, 1, 24, 8, 20, true, 3000, 1, 17, true},
+};
+
+}  // namespace
+
+TEST_CASE("bf16 attention: equal scores over integer values give the exact mean of the rounded values on every path",
+          "[kernel][flash][bf16]") {
+  // Queries of zeros make every visible score 0 and every weight e⁰ = 1 exactly (every rescaling
+  // and merge weight too), so the output is Σ bf16(v) / n, summed exactly in float (integers below
+  // 2²⁴), then divided: within two roundings of it. Values are integers 4m + 1 in 257…509, halfway
+  // between two of bfloat16's (8 bits: steps of 2 there), which rounds each down to 4m: float
+  // arithmetic on the unrounded values would give a mean 1 higher, far past two roundings.
+  for (const Shape& s : kBf16Shapes) {
+    INFO("Lq " << s.Lq << ", Lk " << s.Lk << ", heads " << s.n_q << "/" << s.n_k << "/" << s.n_v);
+    const Index ld = s.Lk + s.pad;
+    Eigen::MatrixXf Q = Eigen::MatrixXf::Zero(s.Lq, s.n_q * s.d_qk), Qr = Eigen::MatrixXf::Zero(s.Lq, s.n_q * s.d_rope);
+    Eigen::MatrixXf K = bd_test::gaussian(ld, s.n_k * s.d_qk, 3).cast<float>(), Kr = bd_test::gaussian(ld, s.d_rope, 4).cast<float>();
+    Eigen::MatrixXf V(ld, s.n_v * s.d_v);
+    for (Index i = 0; i < V.size(); ++i) V.data()[i] = float(257 + 4 * ((i * 7919) % 64));
+    if (s.values_are_keys) K.leftCols(s.d_v) = V.leftCols(s.d_v);
+    const Eigen::MatrixXf& values = s.values_are_keys ? K : V;
+    Eigen::MatrixXf O(s.Lq, s.n_q * s.d_v);
+    AttentionArguments<float> a;
+    a.q_len = s.Lq, a.k_len = s.Lk, a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = s.n_v, a.d_qk = s.d_qk, a.d_rope = s.d_rope,
+    a.d_v = s.d_v;
+    a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq, a.k = K.data(), a.ldk = ld, a.kr = Kr.data(), a.ldkr = ld;
+    a.v = values.data(), a.ldv = ld, a.values_are_keys = s.values_are_keys, a.out = O.data(), a.ldo = s.Lq;
+    a.scale = 0.125f, a.causal = s.causal, a.first_query_position = s.first;
+    MatrixXd exact(s.Lq, s.n_q * s.d_v);
+    for (Index h = 0; h < s.n_q; ++h)
+      for (Index i = 0; i < s.Lq; ++i) {
+        const Index n = s.causal ? std::min(s.Lk, s.first + i + 1) : s.Lk;
+        for (Index c = 0; c < s.d_v; ++c)
+          exact(i, h * s.d_v + c) = bf16_rounded(values.block(0, (h * s.n_v / s.n_q) * s.d_v + c, n, 1)).sum() / double(n);
+      }
+    const auto off = [&] { return ((O.cast<double>() - exact).cwiseAbs().array() / exact.array()).maxCoeff<Eigen::PropagateNaN>(); };
+    bd_test::for_each_bf16_path([&] {
+      a.compute = Compute::BF16;
+      bd::kernel::flash_attention(a);
+      CHECK(off() <= std::ldexp(1.0, -22));  // 1/n and the product each rounded once
+      a.compute = Compute::F32;
+      bd::kernel::flash_attention(a);
+      CHECK(off() > std::ldexp(1.0, -20));
+    });
+  }
+}
+
+TEST_CASE("bf16 attention: the softmax of the rounded operands within P's rounding, the same bits by vdpbf16ps and FMAs",
+          "[kernel][flash][bf16]") {
+  // Rounding P's weights (2⁻⁹ relative each) moves an output, a convex combination of values, by
+  // at most 2⁻⁹·max|v|; the float sums add ~1e-6. Across methods on one instruction set the
+  // products are the same (vdpbf16ps adds a pair's odd product, then its even one; the FMA path
+  // packs each pair swapped) and so is every other step: the same bits.
+  unsigned seed = 1;
+  for (const Shape& s : kBf16Shapes) {
+    INFO("Lq " << s.Lq << ", Lk " << s.Lk << ", heads " << s.n_q << "/" << s.n_k << "/" << s.n_v);
+    std::map<bd::kernel::Isa, MatrixXd> first;  // each instruction set's first method's output
+    bd_test::for_each_bf16_path([&] {
+      const auto [got, error] = attend<float>(s, seed, 0, Compute::BF16);
+      CHECK(error <= std::ldexp(1.0, -9) * 1.25);
+      const auto [at, fresh] = first.emplace(bd::kernel::active_isa(), got);
+      if (!fresh) CHECK((got - at->second).cwiseAbs().maxCoeff() == 0.0);
+      CHECK(attend<float>(s, seed, 1, Compute::BF16).first == got);  // one thread and all
+      CHECK(attend<float>(s, seed, 0).first != got);                 // f32 differs: the request was honoured
+    });
+    seed += 10;
+  }
+}
+
+TEST_CASE("bf16 attention: few rows per key head read the cache in float, and f64 arithmetic is refused by name",
+          "[kernel][flash][bf16]") {
+  const Shape decode{1, 900, 8, 2, 2, 16, 0, 12, true, 899};  // four rows per key head: the few-row path
+  CHECK(attend<float>(decode, 5, 0, Compute::F32).first == attend<float>(decode, 5, 0, Compute::BF16).first);
+  const Shape prefill{40, 40, 2, 2, 2, 8, 0, 8, true};
+  BD_CHECK_THROWS_CONTAINING(attend<double>(prefill, 5, 0, Compute::BF16), bd::RangeError,
+                             Catch::Contains("this call's arithmetic is f64"));
 }

@@ -134,7 +134,7 @@ TEST_CASE("LLaMA attention decodes token by token as it runs in one pass", "[rea
 
 TEST_CASE("bf16 compute on stories260K: BD's logit error at most 1.25x the dense model's, perplexity within 0.3 %",
           "[real-model][llama][bf16]") {
-  // Every projection in bf16 (compute.hpp), both models stored in f32, against the reference
+  // Every product in bf16 (compute.hpp: projections and attention), both models stored in f32, against the reference
   // logits computed in double.
   const Reference& r = reference();
   bd::nn::LlamaModel<float> dense = r.model;

@@ -246,11 +246,13 @@ struct Context {
     return std::clamp<Index>(fit, mr, std::max<Index>(mr, tuning.mc));
   }
   /// Flash attention's keys per block: a block's keys and values (depth + d_v values a key)
-  /// within key_block bytes and a quarter of L2, whole panels of every kernel (12, 6 and 4 keys).
+  /// within key_block bytes and a quarter of L2, whole panels of every kernel (12, 6 and 4 keys),
+  /// at most max_key_block.
+  static constexpr Index max_key_block = 384;
   Index key_block(Index depth, Index d_v, std::size_t bytes) const {
     const long budget = std::min<long>(long(tuning.key_block), cpu.l2 / 4);
     const Index fit = Index(budget / long(bytes)) / std::max<Index>(1, depth + d_v);
-    return std::clamp<Index>(fit / 12 * 12, 12, 384);
+    return std::clamp<Index>(fit / 12 * 12, 12, max_key_block);
   }
   /// Flash attention's query rows per task: their packed queries and output accumulators
   /// (depth + d_v values a row) within half of L2, whole mr-row panels, 64 to 256 rows. A task

@@ -80,6 +80,11 @@ struct AttentionArguments {
   /// each or d_v = d_qk), so that the kernel may read the values from the keys' runs. The caller
   /// says so; nothing is inferred from the pointers.
   bool values_are_keys = false;
+  /// bf16: the tiled path's two products take their operands rounded once to bfloat16 (the
+  /// scaled queries, the keys, the softmax's weights P, the values) and sum in float; the running
+  /// softmax stays float. The few-row path (decoding's few rows per key head, bound by reading
+  /// the cache) computes in float whatever this says. float arithmetic only.
+  Compute compute = Compute::F32;
 };
 
 namespace detail {
@@ -131,14 +136,14 @@ const T* key_run(const AttentionArguments<T>& a, Index kh, Index k0, Index c) {
   return c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 : a.kr + (c - a.d_qk) * a.ldkr + k0;
 }
 
-/// A key block's keys as NR-key panels, k-major: kp[j0·D + c·NR + j] = [k | k_rope](k0 + j0 + j, c),
-/// zero past bk. Channel by channel, so each of K's columns is read in one run of bk keys (D
+/// A key block's keys as NR-key panels of `steps` ≥ D k-steps, k-major:
+/// kp[j0·steps + c·NR + j] = [k | k_rope](k0 + j0 + j, c), zero past bk. Channel by channel, so each of K's columns is read in one run of bk keys (D
 /// concurrent strided streams, one per channel, defeat the prefetcher when K comes from memory).
 /// A block is one short run per channel, far apart, which the hardware prefetcher
 /// does not follow: each run is asked for `ahead` channels before it is copied
 /// (Tuning::pack_prefetch).
 template <Index NR, typename T>
-void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index ahead) {
+void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) {
   const Index D = a.d_qk + a.d_rope;
   const auto run = [&](Index c) { return key_run(a, kh, k0, c); };
   for (Index c = 0; c < D; ++c) {
@@ -146,7 +151,7 @@ void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index b
     if (ahead && c + ahead < D) prefetch_run(run(c + ahead), bk);
     for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
       const Index nj = std::min(NR, bk - j0);
-      T* to = kp + j0 * D + c * NR;
+      T* to = kp + j0 * steps + c * NR;
       if (nj == NR) {  // a fixed-length copy the compiler unrolls: std::copy of NR values was a memmove call each
         for (Index j = 0; j < NR; ++j) to[j] = from[j0 + j];
         continue;
@@ -157,26 +162,80 @@ void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index b
   }
 }
 
-/// A key block's values as NR-channel panels, k-major: vp[c0·bk + k·NR + j] = v(k0 + k, c0 + j),
-/// zero past d_v; each channel's run asked for `ahead` channels before it is copied.
+/// Runs of kn values (column(j) for j < nc) as one NR-channel panel, k-major: panel[k·NR + j],
+/// zero columns past nc. The values are copied as they are (bf16 pairs too).
+template <Index NR, typename T, typename Column>
+void runs_into_panel(Column column, Index nc, Index kn, T* panel) {
+  Index j = transpose_runs<NR, T, T>(column, nc, kn, panel);
+  for (; j < NR; ++j) {
+    if (j >= nc) {
+      for (Index k = 0; k < kn; ++k) panel[k * NR + j] = T(0);
+      continue;
+    }
+    const T* col = column(j);
+    for (Index k = 0; k < kn; ++k) panel[k * NR + j] = col[k];
+  }
+}
+
+/// A key block's values as NR-channel panels of `steps` ≥ bk k-steps, k-major:
+/// vp[c0·steps + k·NR + j] = v(k0 + k, c0 + j), zero past d_v; each channel's run asked for
+/// `ahead` channels before it is copied.
 template <Index NR, typename T>
-void pack_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index ahead) {
+void pack_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index steps, Index ahead) {
   const Index dv = a.d_v;
   for (Index c0 = 0; c0 < round_up(dv, NR); c0 += NR) {
     const Index nc = std::min(NR, dv - c0);
     const auto column = [&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; };
     if (ahead)
       for (Index j = ahead; j < ahead + nc && c0 + j < dv; ++j) prefetch_run(column(j), bk);
-    T* panel = vp + c0 * bk;
-    Index j = transpose_runs<NR, T, T>(column, nc, bk, panel);
-    for (; j < NR; ++j) {
-      if (j >= nc) {
-        for (Index k = 0; k < bk; ++k) panel[k * NR + j] = T(0);
-        continue;
-      }
-      const T* col = column(j);
-      for (Index k = 0; k < bk; ++k) panel[k * NR + j] = col[k];
-    }
+    runs_into_panel<NR>(column, nc, bk, vp + c0 * steps);
+  }
+}
+
+/// The same packings for bf16 compute by FMAs (Packing::Rounded): each panel packed as above,
+/// then rounded in place (pack.hpp's round_panel; `steps` leaves room for it).
+template <Index NR, typename T>
+void pack_rounded_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) {
+  pack_key_panels<NR>(a, kh, k0, bk, kp, steps, ahead);
+  for (Index j0 = 0; j0 < bk; j0 += NR) round_panel(kp + j0 * steps, NR, a.d_qk + a.d_rope);
+}
+template <Index NR, typename T>
+void pack_rounded_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index steps, Index ahead) {
+  pack_value_panels<NR>(a, vh, k0, bk, vp, steps, ahead);
+  for (Index c0 = 0; c0 < a.d_v; c0 += NR) round_panel(vp + c0 * steps, NR, bk);
+}
+
+/// For vdpbf16ps (Packing::Pairs): a key block's keys as NR-key panels of bf16 pairs of channels,
+/// kp[j0·steps + t·NR + j] = channels 2t and 2t + 1 of key k0 + j0 + j, the kernel rounding and
+/// interleaving two runs at a time.
+template <typename Kernel, typename T>
+void pack_key_pairs(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) {
+  constexpr Index NR = Kernel::nr;
+  const Index D = a.d_qk + a.d_rope;
+  for (Index c = 0; c < D; c += 2) {
+    if (ahead)
+      for (Index e = c + ahead; e < std::min(D, c + ahead + 2); ++e) prefetch_run(key_run(a, kh, k0, e), bk);
+    Kernel::pair_channels(key_run(a, kh, k0, c), c + 1 < D ? key_run(a, kh, k0, c + 1) : nullptr, bk, NR, kp + c / 2 * NR,
+                          NR * steps);
+  }
+}
+
+/// For vdpbf16ps: a key block's values as NR-channel panels of bf16 pairs of keys,
+/// vp[c0·steps + u·NR + j] = keys 2u and 2u + 1 of channel c0 + j: each channel's run made pairs
+/// (consecutive keys are a pair already), then the NR channels' runs of pairs transposed.
+template <typename Kernel, typename T>
+void pack_value_pairs(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index steps, Index ahead) {
+  constexpr Index NR = Kernel::nr;
+  const Index dv = a.d_v, pairs = (bk + 1) / 2;
+  assert(bk <= Context::max_key_block);
+  T words[max_tile_columns * (Context::max_key_block / 2)];  // each channel's pairs
+  for (Index c0 = 0; c0 < round_up(dv, NR); c0 += NR) {
+    const Index nc = std::min(NR, dv - c0);
+    const auto column = [&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; };
+    if (ahead)
+      for (Index j = ahead; j < ahead + nc && c0 + j < dv; ++j) prefetch_run(column(j), bk);
+    for (Index j = 0; j < nc; ++j) Kernel::pair_keys(column(j), bk, words + j * pairs);
+    runs_into_panel<NR>([&](Index j) -> const T* { return words + j * pairs; }, nc, pairs, vp + c0 * steps);
   }
 }
 
@@ -190,14 +249,18 @@ void pack_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index
 template <typename T>
 struct FlashTileKernel {
   Index mr = 0, nr = 0;
+  Packing packing = Packing::Plain;  ///< bf16 compute: how the packed operands hold their values
   void (*tile)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values, T* const* dst,
                Index prefetch) = nullptr;
   void (*tile_transposed)(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
                           T* const* dst, Index prefetch) = nullptr;
   void (*softmax_panel)(T* s, Index n, T* m, T* l, T* alpha) = nullptr;
   void (*scale_panel)(T* o, Index columns, const T* alpha) = nullptr;
-  void (*pack_keys)(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index ahead) = nullptr;
-  void (*pack_values)(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index ahead) = nullptr;
+  void (*pack_keys)(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) = nullptr;
+  void (*pack_values)(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index steps, Index ahead) = nullptr;
+  /// bf16 compute: a panel of queries or of the softmax's weights, lanes wide and kn k-steps,
+  /// rounded in place into the packing's layout (pack.hpp's round_panel).
+  void (*round_panel)(T* panel, Index lanes, Index kn) = nullptr;
 };
 
 /// Kernel's FlashTileKernel, built on first use (once per instruction set and scalar type).
@@ -218,6 +281,37 @@ const FlashTileKernel<T>& flash_tile_kernel() {
   return table;
 }
 
+/// The same for bf16 compute (float): every operand packed (nothing read in place: each is
+/// rounded as it is packed), in pairs for vdpbf16ps where the kernel has it (the caller asks for
+/// pairs only there) or rounded floats for the f32 tile. Its own function, so that a program that
+/// never asks for bf16 compiles none of it.
+template <typename Kernel, typename T>
+const FlashTileKernel<T>& bf16_flash_tile_kernel(Packing packing) {
+  static_assert(std::is_same_v<T, float>, "bf16 compute: float arithmetic");
+  static const FlashTileKernel<T> rounded = [] {
+    FlashTileKernel<T> k = flash_tile_kernel<Kernel, T>();
+    k.packing = Packing::Rounded;
+    k.tile_transposed = nullptr;
+    k.pack_keys = &pack_rounded_key_panels<Kernel::nr, T>;
+    k.pack_values = &pack_rounded_value_panels<Kernel::nr, T>;
+    k.round_panel = &detail::round_panel;
+    return k;
+  }();
+  if constexpr (has_pair_tile<Kernel>::value) {
+    static const FlashTileKernel<T> pairs = [] {
+      FlashTileKernel<T> k = rounded;
+      k.packing = Packing::Pairs;
+      k.tile = &Kernel::tile_pairs;
+      k.pack_keys = &pack_key_pairs<Kernel, T>;
+      k.pack_values = &pack_value_pairs<Kernel, T>;
+      k.round_panel = &Kernel::pair_panel;
+      return k;
+    }();
+    if (packing == Packing::Pairs) return pairs;
+  }
+  return rounded;
+}
+
 /// The most MR-row panels a task has: Bq ≤ 256 rows rounded up to MR (Context::query_block), MR ≥ 2.
 constexpr Index max_flash_panels = 129;
 
@@ -229,6 +323,8 @@ struct FlashPlan {
   Index groups = 0, group = 0;            ///< key/value head groups, query heads per group
   Index rows = 0, q_len = 0;              ///< rows per group (group·Lq), Lq
   Index D = 0, dv = 0, dv_padded = 0;     ///< score depth d_qk + d_rope, value width (padded to NR)
+  Packing packing = Packing::Plain;       ///< bf16 compute: the operands' layout (FlashTileKernel)
+  Index Dq = 0, Dp = 0;                   ///< k-steps of a query or key panel: reserved, and multiplied
   Index chunks = 1;                       ///< key chunks (key_chunks), each unit's keys
   Index Bk = 0, Bq = 0, panels = 0;       ///< keys per block, rows per task, MR-row panels per task
   Index row_blocks = 0, tasks = 0, units = 0;
@@ -258,6 +354,8 @@ struct FlashPlan {
   // first because under the causal mask a block's work grows with its rows' positions: the last
   // task handed out is the smallest block of the last group, not a large one that one thread runs alone.
   Index task_group(Index task) const { return task / row_blocks; }
+  /// k-steps reserved per value panel of a block of bk keys (bf16: room for round_panel).
+  Index value_steps(Index bk) const { return packing == Packing::Plain ? bk : round_up(bk, 2); }
   Index task_first_row(Index task) const { return (row_blocks - 1 - task % row_blocks) * Bq; }
   Index task_rows(Index task) const { return std::min(Bq, rows - task_first_row(task)); }
   /// Whether the panel at row p0 of a task's nrows rows is MR consecutive tokens of one head
@@ -278,23 +376,25 @@ FlashPlan plan_flash(const AttentionArguments<T>& whole, const FlashTileKernel<T
   p.groups = std::lcm(whole.n_k, whole.n_v), p.group = whole.n_q / p.groups;
   p.rows = p.group * whole.q_len, p.q_len = whole.q_len;
   p.D = whole.d_qk + whole.d_rope, p.dv = whole.d_v, p.dv_padded = round_up(p.dv, p.NR);
+  p.packing = kernel.packing;
+  p.Dq = p.packing == Packing::Plain ? p.D : round_up(p.D, 2), p.Dp = packed_depth(p.packing, p.D);
   p.chunks = key_chunks(whole, p.rows);
   // Split keys: a task takes all of its group's rows, so each key is packed once (key_chunks).
-  p.Bk = context.key_block(p.D, p.dv, sizeof(T));
+  p.Bk = context.key_block(p.D, p.dv, p.packing == Packing::Plain ? sizeof(T) : 2);  // bf16: the packed keys' bytes
   p.Bq = p.chunks > 1 ? round_up(p.rows, p.MR) : context.query_block(p.MR, p.D, p.dv_padded, sizeof(T));
   p.prefetch = context.tuning.tile_prefetch, p.pack_ahead = context.tuning.pack_prefetch;
   p.row_blocks = (p.rows + p.Bq - 1) / p.Bq, p.tasks = p.groups * p.row_blocks, p.units = p.tasks * p.chunks;
   p.panels = p.Bq / p.MR;
   assert(p.panels <= max_flash_panels);
-  p.keys_in_place = context.keys_in_place();
+  p.keys_in_place = context.keys_in_place() && p.packing == Packing::Plain;  // bf16: rounded as packed
   // The caller's word, held to what reading V from K's runs needs (one latent for every head).
   const bool values_are_keys = whole.values_are_keys && whole.v == whole.k && whole.ldv == whole.ldk &&
                                whole.d_v <= whole.d_qk && whole.n_k == whole.n_v && (whole.n_k == 1 || whole.d_v == whole.d_qk);
   assert(values_are_keys == whole.values_are_keys && "AttentionArguments::values_are_keys: V is not K's first channels");
-  p.values_in_place = context.values_in_place() && values_are_keys;
-  p.q_size = p.Bq * p.D, p.k_size = p.keys_in_place ? 0 : round_up(p.Bk, p.NR) * p.D;
-  p.v_size = p.values_in_place ? 0 : p.Bk * p.dv_padded;
-  p.s_size = p.MR * round_up(p.Bk, p.NR);
+  p.values_in_place = context.values_in_place() && values_are_keys && p.packing == Packing::Plain;
+  p.q_size = p.Bq * p.Dq, p.k_size = p.keys_in_place ? 0 : round_up(p.Bk, p.NR) * p.Dq;
+  p.v_size = p.values_in_place ? 0 : p.value_steps(p.Bk) * p.dv_padded;
+  p.s_size = p.MR * round_up(p.packing == Packing::Plain ? p.Bk : p.Bk + 1, p.NR);  // bf16: round_panel's room
   p.o_size = p.Bq * p.dv_padded;
   p.per_worker = p.q_size + p.k_size + p.v_size + p.s_size + p.o_size + 3 * p.Bq;
   p.slot_size = p.o_size + 2 * p.Bq;
@@ -302,12 +402,14 @@ FlashPlan plan_flash(const AttentionArguments<T>& whole, const FlashTileKernel<T
 }
 
 /// A task's rows (query head and token of each; rows past the end are never masked) and its
-/// queries, scaled: qp[p·MR·D + k·MR + i] for row p·MR + i of the block, zero rows past the end.
+/// queries, scaled: qp[p·MR·Dq + k·MR + i] for row p·MR + i of the block, zero rows past the end
+/// (bf16 compute: then rounded, panel by panel, by `round`).
 /// Channel by channel, each read down a column of Q: row by row, every read was a column apart,
 /// and packing and unpacking rows that way took half of the attention's time.
 template <typename T>
-void prepare_rows(const FlashPlan& plan, const AttentionArguments<T>& whole, Index task, Index* pos, T* qp) {
-  const Index MR = plan.MR, D = plan.D, Bq = plan.Bq;
+void prepare_rows(const FlashPlan& plan, const AttentionArguments<T>& whole, Index task, Index* pos, T* qp,
+                  void (*round)(T*, Index, Index)) {
+  const Index MR = plan.MR, D = plan.D, Dq = plan.Dq, Bq = plan.Bq;
   const Index g = plan.task_group(task), r0 = plan.task_first_row(task), nrows = plan.task_rows(task);
   Index* const head = pos + Bq;
   Index* const token = head + Bq;
@@ -325,20 +427,22 @@ void prepare_rows(const FlashPlan& plan, const AttentionArguments<T>& whole, Ind
     const bool rope = k >= whole.d_qk;
     const T* from = rope ? whole.qr + (k - whole.d_qk) * whole.ldqr : whole.q + k * whole.ldq;
     const Index head_stride = rope ? whole.d_rope * whole.ldqr : whole.d_qk * whole.ldq;
-    // Row i = p0 + t of the block sits at qp[p0·D + k·MR + t] (panel by panel: MR is a run-time
+    // Row i = p0 + t of the block sits at qp[p0·Dq + k·MR + t] (panel by panel: MR is a run-time
     // value here, and a division per element cost 5–10 % of a causal prefill). A panel of
     // consecutive tokens reads one contiguous run of the column: a vector loop instead of a
     // gather per element.
     for (Index p0 = 0; p0 < Bq; p0 += MR) {
       if (plan.consecutive_tokens(token, p0, nrows)) {
         const T* run = from + head[p0] * head_stride + token[p0];
-        for (Index t = 0; t < MR; ++t) to[p0 * D + t] = run[t] * whole.scale;
+        for (Index t = 0; t < MR; ++t) to[p0 * Dq + t] = run[t] * whole.scale;
         continue;
       }
       for (Index t = 0, i = p0; t < MR; ++t, ++i)
-        to[p0 * D + t] = i < nrows ? from[head[i] * head_stride + token[i]] * whole.scale : T(0);
+        to[p0 * Dq + t] = i < nrows ? from[head[i] * head_stride + token[i]] * whole.scale : T(0);
     }
   }
+  if (round)
+    for (Index p0 = 0; p0 < Bq; p0 += MR) round(qp + p0 * Dq, MR, D);
 }
 
 /// One unit of work (a task against one chunk of keys): its views into its worker's buffers and
@@ -364,7 +468,7 @@ struct FlashUnit {
 };
 
 /// Where the next key block's runs are asked for into L2 during the last panel's P·V tiles
-/// (keys read in place), a few channels before each tile.
+/// (keys read in place, or packed for bf16 compute), a few channels before each tile.
 struct NextBlockPrefetch {
   Index k0 = 0, bk = 0, per_tile = 0, channel = 0;
 };
@@ -387,13 +491,13 @@ void attend_panel(const FlashPlan& plan, const FlashTileKernel<T>& kernel, const
   const Index kn = std::min(bk, highest + 1 - key0);
   const Index kh = u.kh;
   T* const s = u.sp;
-  const T* const q = u.queries + p * MR * plan.D;
+  const T* const q = u.queries + p * MR * plan.Dq;
   for (Index j0 = 0; j0 < kn; j0 += NR) {  // S = Q·Kᵀ, key-major (column j is key j): P·V's packed A
     T* dst[max_tile_columns];
     for (Index j = 0; j < NR; ++j) dst[j] = s + (j0 + j) * MR;
     const Index nj = std::min(NR, bk - j0);
     if (!plan.keys_in_place) {
-      kernel.tile(nj, plan.D, q, u.kp + j0 * plan.D, NR, nullptr, nullptr, dst, plan.prefetch);
+      kernel.tile(nj, plan.Dp, q, u.kp + j0 * plan.Dq, NR, nullptr, nullptr, dst, plan.prefetch);
     } else {  // k, then k_rope continuing from the stored sums
       const T* const* stored = dst;
       kernel.tile(nj, a.d_qk, q, key_run(a, kh, k0 + j0, 0), a.ldk, nullptr, nullptr, dst, plan.prefetch);
@@ -405,6 +509,8 @@ void attend_panel(const FlashPlan& plan, const FlashTileKernel<T>& kernel, const
     for (Index i = 0; i < MR; ++i)
       for (Index k = std::max<Index>(0, row_pos[i] + 1 - key0); k < kn; ++k) s[k * MR + i] = -std::numeric_limits<T>::infinity();
   kernel.softmax_panel(s, kn, u.m + p * MR, u.l + p * MR, u.alpha + p * MR);
+  if (plan.packing != Packing::Plain) kernel.round_panel(s, MR, kn);  // bf16: P, rounded
+  const Index pv_depth = packed_depth(plan.packing, kn), v_steps = plan.value_steps(bk);
   T* const o = u.op + p * MR * plan.dv_padded;
   if (u.started[p]) kernel.scale_panel(o, dv, u.alpha + p * MR);
   for (Index c0 = 0; c0 < dv; c0 += NR) {
@@ -417,7 +523,7 @@ void attend_panel(const FlashPlan& plan, const FlashTileKernel<T>& kernel, const
     if (plan.values_in_place)  // channels c0… of the latent, which key_run gives (values_are_keys)
       kernel.tile_transposed(std::min(NR, dv - c0), kn, s, key_run(a, kh, k0, c0), a.ldk, start, nullptr, cols, plan.prefetch);
     else
-      kernel.tile(std::min(NR, dv - c0), kn, s, u.vp + c0 * bk, NR, start, nullptr, cols, plan.prefetch);
+      kernel.tile(std::min(NR, dv - c0), pv_depth, s, u.vp + c0 * v_steps, NR, start, nullptr, cols, plan.prefetch);
   }
   u.started[p] = true;
 }
@@ -491,10 +597,10 @@ bool attend_unit(const FlashPlan& plan, const FlashTileKernel<T>& kernel, const 
   if (streaming) resume_rows(plan, a, u);
   for (Index k0 = 0; k0 < k_end; k0 += Bk) {
     const Index bk = std::min(Bk, k_end - k0);
-    if (!plan.keys_in_place) kernel.pack_keys(a, u.kh, k0, bk, u.kp, plan.pack_ahead);
-    if (!plan.values_in_place) kernel.pack_values(a, u.vh, k0, bk, u.vp, plan.pack_ahead);
+    if (!plan.keys_in_place) kernel.pack_keys(a, u.kh, k0, bk, u.kp, plan.Dq, plan.pack_ahead);
+    if (!plan.values_in_place) kernel.pack_values(a, u.vh, k0, bk, u.vp, plan.value_steps(bk), plan.pack_ahead);
     NextBlockPrefetch next;
-    next.k0 = k0 + Bk, next.bk = plan.keys_in_place ? std::min(Bk, k_end - next.k0) : 0;
+    next.k0 = k0 + Bk, next.bk = plan.keys_in_place || plan.packing != Packing::Plain ? std::min(Bk, k_end - next.k0) : 0;
     const Index pv_tiles = plan.dv_padded / plan.NR, last_panel = (u.nrows - 1) / MR;
     next.per_tile = next.bk > 0 ? (plan.D + pv_tiles - 1) / pv_tiles : 0;
     for (Index p = 0; p < plan.panels && p * MR < u.nrows; ++p)
@@ -580,7 +686,7 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
       parts[c] = part;
     }
     for (Index task = 0; task < plan.tasks; ++task)
-      prepare_rows(plan, whole, task, shared_positions + task * 3 * Bq, shared_queries + task * plan.q_size);
+      prepare_rows(plan, whole, task, shared_positions + task * 3 * Bq, shared_queries + task * plan.q_size, kernel.round_panel);
   }
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && plan.units > 1)
@@ -603,7 +709,7 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
     u.nrows = plan.task_rows(task);
     u.kh = g * a.n_k / plan.groups, u.vh = g * a.n_v / plan.groups;
     Index* const pos = positions + me * 3 * Bq;
-    if (chunks == 1) prepare_rows(plan, whole, task, pos, qp);
+    if (chunks == 1) prepare_rows(plan, whole, task, pos, qp, kernel.round_panel);
     u.row_info = chunks > 1 ? shared_positions + task * 3 * Bq : pos;
     u.queries = chunks > 1 ? shared_queries + task * plan.q_size : qp;
     u.head = u.row_info + Bq, u.token = u.head + Bq;
@@ -770,6 +876,18 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0, Workspace&
   detail::FlashScratch<T>& scratch = ws.local<detail::FlashScratch<T>>();
   const Index rows = a.n_q / std::lcm(a.n_k, a.n_v) * a.q_len;  // per key/value head
   const Context& context = active_context();
+  if (a.compute == Compute::BF16) {
+    if constexpr (!std::is_same_v<T, float>) {
+      throw RangeError("flash_attention: bf16 compute multiplies operands rounded once to bf16 in f32 arithmetic; this "
+                       "call's arithmetic is f64 (compute in f32)");
+    } else if (rows > detail::few_rows_limit()) {
+      const detail::Packing packing = context.bf16_method() == Bf16Method::Dot ? detail::Packing::Pairs : detail::Packing::Rounded;
+      return detail::flash_attention_on(a, threads, on_active_kernel<T>([packing](auto k) -> decltype(auto) {
+                                          return detail::bf16_flash_tile_kernel<decltype(k), T>(packing);
+                                        }),
+                                        context, scratch);
+    }
+  }
   if (rows <= detail::few_rows_limit())
     return detail::flash_attention_few_rows(
         a, threads, on_active_kernel<T>([](auto k) -> decltype(auto) { return detail::few_row_kernel<decltype(k), T>(); }),

@@ -100,12 +100,6 @@ struct PackedKernel {
   void (*pack_b)(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Index kn, T* packed) = nullptr;
 };
 
-/// Whether a kernel has a tile on bf16 pairs (vdpbf16ps: AVX-512's float kernel).
-template <typename Kernel, typename = void>
-struct has_pair_tile : std::false_type {};
-template <typename Kernel>
-struct has_pair_tile<Kernel, std::enable_if_t<Kernel::pair_tiles>> : std::true_type {};
-
 /// Kernel's PackedKernel for a product with B stored in S, built on first use (once per
 /// instruction set, scalar and storage type).
 template <typename Kernel, typename T, typename S>

@@ -141,6 +141,56 @@ BD_TARGET_AVX512_BF16 inline void pair_tile(Index columns, Index kp, const float
   pair_tile_columns<N>(kp, A, B, ldb, src, values, dst, prefetch);
 }
 
+/// bf16 pairs of two vectors (vcvtne2ps2bf16, to nearest even: pack.hpp's bf16_upper, but for
+/// subnormals, which it flushes as vdpbf16ps does): word i = lo[i] in its low half, hi[i] in its high.
+BD_TARGET_AVX512_BF16 inline BD_ALWAYS_INLINE __m512i pair_words(__m512 lo, __m512 hi) {
+  alignas(64) static constexpr std::int16_t interleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                               8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // lo's 16 values, then hi's
+  return _mm512_permutexvar_epi16(_mm512_load_si512(interleave), halves);
+}
+
+/// Two channels' runs of n keys as bf16 pairs in panels of nr ≤ 16 keys:
+/// to[(j / nr)·panel_stride + j % nr] = (lo[j], hi[j]) for j < n, zero to the last panel's end
+/// (hi null: a zero high half).
+BD_TARGET_AVX512_BF16 inline void pair_channels(const float* lo, const float* hi, Index n, Index nr, float* to,
+                                                Index panel_stride) {
+  const __mmask16 panel = __mmask16((1u << nr) - 1);
+  for (Index j0 = 0; j0 < n; j0 += nr, to += panel_stride) {
+    const __mmask16 m = n - j0 >= nr ? panel : __mmask16((1u << (n - j0)) - 1);
+    const __m512 l = _mm512_maskz_loadu_ps(m, lo + j0), h = hi ? _mm512_maskz_loadu_ps(m, hi + j0) : _mm512_setzero_ps();
+    _mm512_mask_storeu_epi32(to, panel, pair_words(l, h));
+  }
+}
+
+/// One channel's run of n keys as bf16 pairs of consecutive keys: word u = (run[2u], run[2u + 1]),
+/// an odd n's last with a zero high half. In key order vcvtne2ps2bf16's halves are already pairs.
+BD_TARGET_AVX512_BF16 inline void pair_keys(const float* run, Index n, float* to) {
+  Index k = 0;
+  for (; k + 32 <= n; k += 32, to += 16)
+    _mm512_storeu_si512(to, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(run + k + 16), _mm512_loadu_ps(run + k)));
+  if (k == n) return;
+  const Index rest = n - k;
+  const __mmask16 first = __mmask16(rest >= 16 ? 0xffffu : (1u << rest) - 1);
+  const __mmask16 second = __mmask16(rest > 16 ? (1u << (rest - 16)) - 1 : 0u);
+  const __m512 a = _mm512_maskz_loadu_ps(first, run + k), b = _mm512_maskz_loadu_ps(second, run + k + 16);
+  const __mmask16 words = __mmask16((1u << ((rest + 1) / 2)) - 1);
+  _mm512_mask_storeu_epi32(to, words, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+/// A k-major float panel of kn steps of `lanes` (a multiple of 16) as bf16 pairs, in place:
+/// step t becomes pair t's words (as pack.hpp's round_panel does for FMAs; steps 2t and 2t + 1 are read
+/// before step t is written).
+BD_TARGET_AVX512_BF16 inline void pair_panel(float* panel, Index lanes, Index kn) {
+  for (Index t = 0; 2 * t < kn; ++t) {
+    const float* even = panel + 2 * t * lanes;
+    const float* odd = 2 * t + 1 < kn ? even + lanes : nullptr;
+    for (Index i = 0; i < lanes; i += 16)
+      _mm512_storeu_si512(panel + t * lanes + i,
+                          pair_words(_mm512_loadu_ps(even + i), odd ? _mm512_loadu_ps(odd + i) : _mm512_setzero_ps()));
+  }
+}
+
 }  // namespace avx512
 
 /// float: 32 × 12; double: 16 × 12 (micro_kernel_simd.inc's Routines), and for float the tile on
@@ -158,6 +208,17 @@ struct Avx512Kernel : avx512::Routines<Avx512Ops<T>, T, 2 * Avx512Ops<T>::lanes,
   static void tile_pairs(Index columns, Index kc, const T* A, const T* B, Index ldb, const T* const* src, const T* values,
                          T* const* dst, Index prefetch) {
     if constexpr (pair_tiles) avx512::pair_tile<Avx512Kernel::nr>(columns, kc, A, B, ldb, src, values, dst, prefetch);
+  }
+  /// Packing into bf16 pairs for those tiles (float only, AVX512-BF16 too): two channels' runs
+  /// into key panels, one channel's run into pairs of keys, a panel in place.
+  static void pair_channels(const T* lo, const T* hi, Index n, Index nr, T* to, Index panel_stride) {
+    if constexpr (pair_tiles) avx512::pair_channels(lo, hi, n, nr, to, panel_stride);
+  }
+  static void pair_keys(const T* run, Index n, T* to) {
+    if constexpr (pair_tiles) avx512::pair_keys(run, n, to);
+  }
+  static void pair_panel(T* panel, Index lanes, Index kn) {
+    if constexpr (pair_tiles) avx512::pair_panel(panel, lanes, kn);
   }
   /// Preparation's small factorizations run the AVX2 bodies (the same layouts: rows padded to 16
   /// values for any ISA): AVX-512 bodies would cost every program their code and compile time

@@ -52,6 +52,12 @@ inline Index pass_depth(Index depth, Index kc, bool even = false) {
 /// of word k and 2k + 1 in its high half (bf16 by vdpbf16ps).
 enum class Packing { Plain, Rounded, Pairs };
 
+/// Whether a kernel has a tile on bf16 pairs (vdpbf16ps: AVX-512's float kernel).
+template <typename Kernel, typename = void>
+struct has_pair_tile : std::false_type {};
+template <typename Kernel>
+struct has_pair_tile<Kernel, std::enable_if_t<Kernel::pair_tiles>> : std::true_type {};
+
 /// The k-steps of a panel packing kn channels: kn, kn rounded up to even (a pair's missing half
 /// is a zero), or the pairs.
 inline Index packed_depth(Packing p, Index kn) {
@@ -234,6 +240,25 @@ using PackedWord = std::uint32_t
 #endif
     ;
 
+/// A float panel of kn k-steps, `lanes` values each (k-major: panel[k·lanes + i], as the packing
+/// lays out A's, B's and attention's panels), rounded to bfloat16 in place into Packing::Rounded's
+/// layout: each pair's two steps swapped; an odd kn's last step moves one down, a zero before it,
+/// so the panel needs room for kn + 1 steps.
+inline void round_panel(float* panel, Index lanes, Index kn) {
+  PackedWord* words = reinterpret_cast<PackedWord*>(panel);
+  for (Index t = 0; t < kn / 2; ++t) {
+    PackedWord* even = words + 2 * t * lanes;
+    PackedWord* odd = even + lanes;
+    for (Index i = 0; i < lanes; ++i) {
+      const std::uint32_t e = even[i], o = odd[i];
+      even[i] = bf16_upper(o), odd[i] = bf16_upper(e);
+    }
+  }
+  if (kn % 2 == 0) return;
+  PackedWord* last = words + (kn - 1) * lanes;
+  for (Index i = 0; i < lanes; ++i) last[lanes + i] = bf16_upper(last[i]), last[i] = 0u;
+}
+
 /// pack_a for bf16 compute (T float) from X's channels already rounded to bfloat16 (a column-major
 /// copy, loop.hpp's RoundedInput: a thread packs its rows once per column block, and rounding
 /// them each time cost more than the packing): rows [r0, r0 + m) of the segment's channels
@@ -284,14 +309,7 @@ void pack_bf16_b(const GemmArguments<T, S>& a, Index c0, Index w, Index k0, Inde
     for (Index j0 = 0; j0 < round_up(w, NR); j0 += NR) {
       T* panel = packed + j0 * steps;
       pack_b<NR>(a, c0 + j0, std::min(NR, w - j0), k0, kn, panel);
-      PackedWord* words = reinterpret_cast<PackedWord*>(panel);
-      for (Index t = 0; t < pairs; ++t)
-        for (Index j = 0; j < NR; ++j) {
-          const std::uint32_t even = words[2 * t * NR + j], odd = words[(2 * t + 1) * NR + j];
-          words[2 * t * NR + j] = bf16_upper(odd), words[(2 * t + 1) * NR + j] = bf16_upper(even);
-        }
-      if (kn % 2)
-        for (Index j = 0; j < NR; ++j) words[kn * NR + j] = bf16_upper(words[(kn - 1) * NR + j]), words[(kn - 1) * NR + j] = 0u;
+      round_panel(panel, NR, kn);
     }
     return;
   }

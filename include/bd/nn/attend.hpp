@@ -27,6 +27,9 @@ struct AttendSpec {
   Index first_query_position = 0;  ///< causal: query i sees keys at positions ≤ first + i
   Index first_key_position = 0;    ///< keys sit at positions first_key … first_key + L_k − 1
   bool values_are_keys = false;    ///< V is K's first d_v columns (absorbed MLA's latent): read from K
+  /// bf16: QKᵀ and P·V on operands rounded once to bfloat16, summed in f32, the softmax in f32
+  /// (kernel::AttentionArguments::compute says where); f32 arithmetic only.
+  bd::kernel::Compute compute = bd::kernel::Compute::F32;
 };
 
 namespace detail {
@@ -61,6 +64,7 @@ bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, cons
                             s.n_k != n_v || (s.n_k != 1 && s.d_v != s.d_qk)))
     throw ShapeError("attend: values_are_keys, but V is not the first channels of K (one head, or d_v = d_qk)");
   a.values_are_keys = s.values_are_keys;
+  a.compute = s.compute;
   return a;
 }
 }  // namespace detail

@@ -45,9 +45,10 @@ struct AttentionConfig {
   /// > 0: the model masks keys more than this many positions back (Mistral's sliding window).
   /// bd does not implement that mask: a call that would reach past the window is refused.
   Index sliding_window = 0;
-  /// The arithmetic of the layer's projections (compute.hpp): f32, or bf16 — their operands
-  /// rounded once to bfloat16, products summed in f32. Softmax, norms and RoPE stay f32, and so
-  /// does the attention itself (QKᵀ, P·V). Not read from a model's config: set_compute().
+  /// The arithmetic of the layer's products (compute.hpp): f32, or bf16 — the projections' and
+  /// the attention's (QKᵀ, P·V) operands rounded once to bfloat16, products summed in f32.
+  /// Softmax, norms and RoPE stay f32, and so does decoding's few-row attention (bound by reading
+  /// the cache). Not read from a model's config: set_compute().
   Compute compute = Compute::F32;
 
   Index value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }

@@ -200,7 +200,8 @@ Gradients<A> AttentionLayer<Derived, A>::backward(const Input& x, const Input& x
   detail::AttentionScratch<A>& scratch = ws.local<detail::AttentionScratch<A>>();
   const Input Q = self().queries(x, 0, scratch.queries, ws), K = self().keys(x_kv, 0, scratch.keys, ws),
               V = self().values(x_kv, scratch.values, ws);
-  const AttendSpec spec = detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim, c.value_dim(), 0);
+  AttendSpec spec = detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim, c.value_dim(), 0);
+  spec.compute = Compute::F32;  // backward computes in f32, its forward too
   std::vector<A> lse;
   const Matrix O = attend_with_lse<A>(Q, K, V, spec, lse, ws);
   Gradients<A> g;

@@ -118,6 +118,7 @@ inline AttendSpec head_spec(const AttentionConfig& c, Index n_k, Index n_v, Inde
   spec.scale = c.softmax_scale();
   spec.causal = c.causal;
   spec.first_query_position = first_position;
+  spec.compute = c.compute;
   return spec;
 }
 

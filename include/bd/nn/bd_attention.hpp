@@ -114,8 +114,8 @@ public:
   const AttentionConfig& config() const { return config_; }
   Mode mode() const { return mode_; }
 
-  /// The arithmetic of the layer's projections (compute.hpp): f32, or bf16 (K'/V' from z[R]·C in
-  /// bf16, z[S] added in f32). RangeError where the stored type cannot honour bf16 (f64, f16).
+  /// The arithmetic of the layer's products (compute.hpp): f32, or bf16 (K'/V' from z[R]·C in
+  /// bf16, z[S] added in f32; the attention's as AttentionConfig::compute says). RangeError where the stored type cannot honour bf16 (f64, f16).
   BDAttention& set_compute(Compute compute) {
     detail::require_compute<S>(compute, "BDAttention");
     config_.compute = cost_.compute = compute;

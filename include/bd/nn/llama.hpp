@@ -89,7 +89,7 @@ public:
     return run(tokens, &cache, ws);
   }
 
-  /// The arithmetic of every projection (compute.hpp): each layer's attention and MLP and the
+  /// The arithmetic of every product (compute.hpp): each layer's attention and MLP and the
   /// head. RangeError where the stored type cannot honour bf16 (f64, f16). Models made from this
   /// one (cast, with_bd_attention, with_bd_linear) compute as it does.
   LlamaModel& set_compute(Compute compute) {

@@ -55,8 +55,9 @@ public:
   const AttentionConfig& config() const { return config_; }
   const AttentionWeights<S>& weights() const { return weights_; }
 
-  /// The arithmetic of the layer's projections (compute.hpp): f32, or bf16. RangeError where the
-  /// stored type cannot honour bf16 (f64, f16).
+  /// The arithmetic of the layer's products (compute.hpp): f32, or bf16 (the projections, and the
+  /// attention's as AttentionConfig::compute says). RangeError where the stored type cannot
+  /// honour bf16 (f64, f16).
   MultiHeadAttention& set_compute(Compute compute) {
     detail::require_compute<S>(compute, "MultiHeadAttention");
     config_.compute = compute;

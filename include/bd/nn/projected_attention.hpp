@@ -60,7 +60,8 @@ public:
 
   const AttentionConfig& config() const { return config_; }
 
-  /// The arithmetic of the four projections (compute.hpp), set on each of them; RangeError
+  /// The arithmetic of the four projections (compute.hpp), set on each of them, and of the
+  /// attention (AttentionConfig::compute); RangeError
   /// where the stored type cannot honour bf16 (f64, f16).
   ProjectedAttention& set_compute(Compute compute) {
     for (Linear* linear : {&q_, &k_, &v_, &o_}) linear->set_compute(compute);
