@@ -116,9 +116,10 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
   // converted copy, from half the bytes: a group's copy would not stay in L2 at decoding's depths).
   constexpr bool bf16_in_place = std::is_same_v<T, float> && std::is_same_v<S, Eigen::bfloat16>;
   const bool convert = (!std::is_same_v<S, T> || bf16) && !(bf16_in_place && !by_rows);
-  const auto convert_run = [bf16](const S* from, Index n, T* to) {
+  const auto convert_run = [rounded = bf16](const S* from, Index n, T* to) {
+    (void)rounded;  // read only where B is float
     if constexpr (bf16_possible && std::is_same_v<S, T>) {  // a float B rounded; a bfloat16 B widens exactly
-      if (bf16) {
+      if (rounded) {
         for (Index k = 0; k < n; ++k) to[k] = bf16_value(from[k]);
         return;
       }
