@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <type_traits>
@@ -85,6 +86,13 @@ struct AttentionArguments {
   /// softmax stays float. The few-row path (decoding's few rows per key head, bound by reading
   /// the cache) computes in float whatever this says. float arithmetic only.
   Compute compute = Compute::F32;
+  /// Keys stored in bfloat16 (a bf16 latent cache) instead of k and kr (then null), their
+  /// leading dimensions ldk and ldkr; the values are their first d_v channels (values_are_keys,
+  /// v null). float arithmetic only. Widened exactly where float operands are read (f32 compute,
+  /// the few-row path), paired as they lie for vdpbf16ps: with bf16 compute, the same bits as
+  /// float keys rounded once (docs/design.md, "Compute type").
+  const Eigen::bfloat16* k_bf16 = nullptr;
+  const Eigen::bfloat16* kr_bf16 = nullptr;
 };
 
 namespace detail {
@@ -136,6 +144,33 @@ const T* key_run(const AttentionArguments<T>& a, Index kh, Index k0, Index c) {
   return c < a.d_qk ? a.k + (kh * a.d_qk + c) * a.ldk + k0 : a.kr + (c - a.d_qk) * a.ldkr + k0;
 }
 
+/// The same run of keys stored in bfloat16 (AttentionArguments::k_bf16).
+template <typename T>
+const Eigen::bfloat16* key_run_bf16(const AttentionArguments<T>& a, Index kh, Index k0, Index c) {
+  return c < a.d_qk ? a.k_bf16 + (kh * a.d_qk + c) * a.ldk + k0 : a.kr_bf16 + (c - a.d_qk) * a.ldkr + k0;
+}
+
+/// Calls f with channel c's run of keys, in the type they are stored in.
+template <typename T, typename F>
+decltype(auto) with_key_run(const AttentionArguments<T>& a, Index kh, Index k0, Index c, F&& f) {
+  if constexpr (std::is_same_v<T, float>)
+    if (a.k_bf16) return f(key_run_bf16(a, kh, k0, c));
+  return f(key_run(a, kh, k0, c));
+}
+
+/// Whether the values are read from keys stored in bfloat16 (float arithmetic only).
+template <typename T>
+bool value_runs_bf16(const AttentionArguments<T>& a) {
+  if constexpr (std::is_same_v<T, float>) return a.k_bf16 != nullptr;
+  return false;
+}
+
+/// prefetch_run on channel c's run of bk keys, however they are stored.
+template <int Locality = 3, typename T>
+void prefetch_key_run(const AttentionArguments<T>& a, Index kh, Index k0, Index c, Index bk) {
+  with_key_run(a, kh, k0, c, [bk](const auto* run) { prefetch_run<Locality>(run, bk); });
+}
+
 /// A key block's keys as NR-key panels of `steps` ≥ D k-steps, k-major:
 /// kp[j0·steps + c·NR + j] = [k | k_rope](k0 + j0 + j, c), zero past bk. Channel by channel, so each of K's columns is read in one run of bk keys (D
 /// concurrent strided streams, one per channel, defeat the prefetcher when K comes from memory).
@@ -145,35 +180,37 @@ const T* key_run(const AttentionArguments<T>& a, Index kh, Index k0, Index c) {
 template <Index NR, typename T>
 void pack_key_panels(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) {
   const Index D = a.d_qk + a.d_rope;
-  const auto run = [&](Index c) { return key_run(a, kh, k0, c); };
   for (Index c = 0; c < D; ++c) {
-    const T* from = run(c);
-    if (ahead && c + ahead < D) prefetch_run(run(c + ahead), bk);
-    for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
-      const Index nj = std::min(NR, bk - j0);
-      T* to = kp + j0 * steps + c * NR;
-      if (nj == NR) {  // a fixed-length copy the compiler unrolls: std::copy of NR values was a memmove call each
-        for (Index j = 0; j < NR; ++j) to[j] = from[j0 + j];
-        continue;
+    if (ahead && c + ahead < D) prefetch_key_run(a, kh, k0, c + ahead, bk);
+    with_key_run(a, kh, k0, c, [&](const auto* from) {
+      for (Index j0 = 0; j0 < round_up(bk, NR); j0 += NR) {
+        const Index nj = std::min(NR, bk - j0);
+        T* to = kp + j0 * steps + c * NR;
+        if (nj == NR) {  // a fixed-length copy the compiler unrolls: std::copy of NR values was a memmove call each
+          for (Index j = 0; j < NR; ++j) to[j] = widen_one<T>(from[j0 + j]);
+          continue;
+        }
+        for (Index j = 0; j < nj; ++j) to[j] = widen_one<T>(from[j0 + j]);
+        std::fill(to + nj, to + NR, T(0));
       }
-      std::copy(from + j0, from + j0 + nj, to);
-      std::fill(to + nj, to + NR, T(0));
-    }
+    });
   }
 }
 
 /// Runs of kn values (column(j) for j < nc) as one NR-channel panel, k-major: panel[k·NR + j],
-/// zero columns past nc. The values are copied as they are (bf16 pairs too).
+/// zero columns past nc. The values are copied as they are (bf16 pairs too), or widened from
+/// bfloat16.
 template <Index NR, typename T, typename Column>
 void runs_into_panel(Column column, Index nc, Index kn, T* panel) {
-  Index j = transpose_runs<NR, T, T>(column, nc, kn, panel);
+  using S = std::remove_const_t<std::remove_pointer_t<decltype(column(0))>>;
+  Index j = transpose_runs<NR, T, S>(column, nc, kn, panel);
   for (; j < NR; ++j) {
     if (j >= nc) {
       for (Index k = 0; k < kn; ++k) panel[k * NR + j] = T(0);
       continue;
     }
-    const T* col = column(j);
-    for (Index k = 0; k < kn; ++k) panel[k * NR + j] = col[k];
+    const S* col = column(j);
+    for (Index k = 0; k < kn; ++k) panel[k * NR + j] = widen_one<T>(col[k]);
   }
 }
 
@@ -185,10 +222,15 @@ void pack_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index
   const Index dv = a.d_v;
   for (Index c0 = 0; c0 < round_up(dv, NR); c0 += NR) {
     const Index nc = std::min(NR, dv - c0);
-    const auto column = [&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; };
-    if (ahead)
-      for (Index j = ahead; j < ahead + nc && c0 + j < dv; ++j) prefetch_run(column(j), bk);
-    runs_into_panel<NR>(column, nc, bk, vp + c0 * steps);
+    const auto panel = [&](auto column) {
+      if (ahead)
+        for (Index j = ahead; j < ahead + nc && c0 + j < dv; ++j) prefetch_run(column(j), bk);
+      runs_into_panel<NR>(column, nc, bk, vp + c0 * steps);
+    };
+    if (value_runs_bf16(a))  // the keys' first channels (values_are_keys), in bfloat16
+      panel([&](Index j) { return a.k_bf16 + (vh * dv + c0 + j) * a.ldk + k0; });
+    else
+      panel([&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; });
   }
 }
 
@@ -214,27 +256,39 @@ void pack_key_pairs(const AttentionArguments<T>& a, Index kh, Index k0, Index bk
   const Index D = a.d_qk + a.d_rope;
   for (Index c = 0; c < D; c += 2) {
     if (ahead)
-      for (Index e = c + ahead; e < std::min(D, c + ahead + 2); ++e) prefetch_run(key_run(a, kh, k0, e), bk);
-    Kernel::pair_channels(key_run(a, kh, k0, c), c + 1 < D ? key_run(a, kh, k0, c + 1) : nullptr, bk, NR, kp + c / 2 * NR,
-                          NR * steps);
+      for (Index e = c + ahead; e < std::min(D, c + ahead + 2); ++e) prefetch_key_run(a, kh, k0, e, bk);
+    T* const to = kp + c / 2 * NR;
+    if (value_runs_bf16(a))
+      Kernel::pair_channels(key_run_bf16(a, kh, k0, c), c + 1 < D ? key_run_bf16(a, kh, k0, c + 1) : nullptr, bk, NR, to,
+                            NR * steps);
+    else
+      Kernel::pair_channels(key_run(a, kh, k0, c), c + 1 < D ? key_run(a, kh, k0, c + 1) : nullptr, bk, NR, to, NR * steps);
   }
 }
 
 /// For vdpbf16ps: a key block's values as NR-channel panels of bf16 pairs of keys,
 /// vp[c0·steps + u·NR + j] = keys 2u and 2u + 1 of channel c0 + j: each channel's run made pairs
-/// (consecutive keys are a pair already), then the NR channels' runs of pairs transposed.
+/// (consecutive keys are a pair already; stored in bfloat16, a run is its pairs and is copied, the
+/// odd key past a block's end zeroed), then the NR channels' runs of pairs transposed.
 template <typename Kernel, typename T>
 void pack_value_pairs(const AttentionArguments<T>& a, Index vh, Index k0, Index bk, T* vp, Index steps, Index ahead) {
   constexpr Index NR = Kernel::nr;
   const Index dv = a.d_v, pairs = (bk + 1) / 2;
   assert(bk <= Context::max_key_block);
   T words[max_tile_columns * (Context::max_key_block / 2)];  // each channel's pairs
+  const bool stored_bf16 = value_runs_bf16(a);
+  const auto pair_run = [&](Index c, T* to) {  // value channel c's run as its pairs
+    if (!stored_bf16) return Kernel::pair_keys(a.v + c * a.ldv + k0, bk, to);
+    std::memcpy(to, a.k_bf16 + c * a.ldk + k0, sizeof(Eigen::bfloat16) * bk);
+    if (bk % 2) std::memset(reinterpret_cast<char*>(to) + sizeof(Eigen::bfloat16) * bk, 0, sizeof(Eigen::bfloat16));
+  };
   for (Index c0 = 0; c0 < round_up(dv, NR); c0 += NR) {
     const Index nc = std::min(NR, dv - c0);
-    const auto column = [&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; };
     if (ahead)
-      for (Index j = ahead; j < ahead + nc && c0 + j < dv; ++j) prefetch_run(column(j), bk);
-    for (Index j = 0; j < nc; ++j) Kernel::pair_keys(column(j), bk, words + j * pairs);
+      for (Index j = ahead; j < ahead + nc && c0 + j < dv; ++j)
+        stored_bf16 ? prefetch_run(a.k_bf16 + (vh * dv + c0 + j) * a.ldk + k0, bk)
+                    : prefetch_run(a.v + (vh * dv + c0 + j) * a.ldv + k0, bk);
+    for (Index j = 0; j < nc; ++j) pair_run(vh * dv + c0 + j, words + j * pairs);
     runs_into_panel<NR>([&](Index j) -> const T* { return words + j * pairs; }, nc, pairs, vp + c0 * steps);
   }
 }
@@ -386,12 +440,13 @@ FlashPlan plan_flash(const AttentionArguments<T>& whole, const FlashTileKernel<T
   p.row_blocks = (p.rows + p.Bq - 1) / p.Bq, p.tasks = p.groups * p.row_blocks, p.units = p.tasks * p.chunks;
   p.panels = p.Bq / p.MR;
   assert(p.panels <= max_flash_panels);
-  p.keys_in_place = context.keys_in_place() && p.packing == Packing::Plain;  // bf16: rounded as packed
+  // bf16 compute: rounded as packed; keys stored in bf16: widened or paired as packed
+  p.keys_in_place = context.keys_in_place() && p.packing == Packing::Plain && !value_runs_bf16(whole);
   // The caller's word, held to what reading V from K's runs needs (one latent for every head).
   const bool values_are_keys = whole.values_are_keys && whole.v == whole.k && whole.ldv == whole.ldk &&
                                whole.d_v <= whole.d_qk && whole.n_k == whole.n_v && (whole.n_k == 1 || whole.d_v == whole.d_qk);
   assert(values_are_keys == whole.values_are_keys && "AttentionArguments::values_are_keys: V is not K's first channels");
-  p.values_in_place = context.values_in_place() && values_are_keys && p.packing == Packing::Plain;
+  p.values_in_place = context.values_in_place() && values_are_keys && p.packing == Packing::Plain && !value_runs_bf16(whole);
   p.q_size = p.Bq * p.Dq, p.k_size = p.keys_in_place ? 0 : round_up(p.Bk, p.NR) * p.Dq;
   p.v_size = p.values_in_place ? 0 : p.value_steps(p.Bk) * p.dv_padded;
   p.s_size = p.MR * round_up(p.packing == Packing::Plain ? p.Bk : p.Bk + 1, p.NR);  // bf16: round_panel's room
@@ -518,7 +573,7 @@ void attend_panel(const FlashPlan& plan, const FlashTileKernel<T>& kernel, const
     for (Index j = 0; j < NR; ++j) cols[j] = o + (c0 + j) * MR;
     if (next)
       for (Index e = 0; e < next->per_tile && next->channel < plan.D; ++e, ++next->channel)
-        prefetch_run<2>(key_run(a, kh, next->k0, next->channel), next->bk);
+        prefetch_key_run<2>(a, kh, next->k0, next->channel, next->bk);
     T* const* start = u.started[p] ? cols : nullptr;
     if (plan.values_in_place)  // channels c0… of the latent, which key_run gives (values_are_keys)
       kernel.tile_transposed(std::min(NR, dv - c0), kn, s, key_run(a, kh, k0, c0), a.ldk, start, nullptr, cols, plan.prefetch);
@@ -681,8 +736,11 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
       AttentionArguments<T> part = whole;
       const Index k0 = c * chunk_keys;
       part.k_len = std::min(chunk_keys, whole.k_len - k0);
-      part.k += k0, part.v += k0, part.first_key_position += k0;
-      if (whole.d_rope) part.kr += k0;
+      part.first_key_position += k0;
+      for (const T** run : {&part.k, &part.kr, &part.v})
+        if (*run) *run += k0;
+      for (const Eigen::bfloat16** run : {&part.k_bf16, &part.kr_bf16})
+        if (*run) *run += k0;
       parts[c] = part;
     }
     for (Index task = 0; task < plan.tasks; ++task)
@@ -721,12 +779,31 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
 
 /// One worker's state in the few-row path: a key/value head group's rows (queries scaled and
 /// channel-major, qp[c·rows + r]), their scores against a block of keys (rows of ld), output
-/// accumulators, running max, sum and rescaling, positions, and dot_rows's results.
+/// accumulators, running max, sum and rescaling, positions, dot_rows's results, and with keys
+/// stored in bfloat16 a block of them widened (kw[c·ld + j], channel c of [k | k_rope]).
 template <typename T>
 struct FewRows {
   Index rows = 0, ld = 0, kh = 0, vh = 0;
-  T *qp = nullptr, *sp = nullptr, *op = nullptr, *m = nullptr, *l = nullptr, *alpha = nullptr, *dots = nullptr;
+  T *qp = nullptr, *sp = nullptr, *op = nullptr, *m = nullptr, *l = nullptr, *alpha = nullptr, *dots = nullptr, *kw = nullptr;
   Index* pos = nullptr;
+};
+
+/// Where few_rows_block reads a block's keys, RoPE keys and values: in place, or from the worker's
+/// widened copy of keys stored in bfloat16 (whose first d_v channels are the values).
+template <typename T>
+struct FewRowOperands {
+  const T *k = nullptr, *kr = nullptr, *v = nullptr;
+  Index ldk = 0, ldkr = 0, ldv = 0;
+  FewRowOperands(const AttentionArguments<T>& a, Index k0, Index bk, const FewRows<T>& w) {
+    if (value_runs_bf16(a)) {
+      for (Index c = 0; c < a.d_qk + a.d_rope; ++c) convert_column(key_run_bf16(a, w.kh, k0, c), bk, w.kw + c * w.ld);
+      k = w.kw, kr = w.kw + a.d_qk * w.ld, v = w.kw, ldk = ldkr = ldv = w.ld;
+      return;
+    }
+    k = a.k + w.kh * a.d_qk * a.ldk + k0, ldk = a.ldk;
+    kr = a.d_rope ? a.kr + k0 : nullptr, ldkr = a.ldkr;
+    v = a.v + w.vh * a.d_v * a.ldv + k0, ldv = a.ldv;
+  }
 };
 
 /// Loads group g's rows: queries scaled, positions, and the running state (from the streaming
@@ -761,12 +838,12 @@ template <typename T>
 void few_rows_block(const AttentionArguments<T>& a, const FewRowKernel<T>& kernel, Index k0, Index bk, Index ahead,
                     FewRows<T>& w) {
   const Index rows = w.rows, ld = w.ld, dv = a.d_v;
-  const T* k = a.k + w.kh * a.d_qk * a.ldk + k0;
+  const FewRowOperands<T> in(a, k0, bk, w);
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const Index count = std::min<Index>(4, rows - r0);
-    kernel.column_scores(count, bk, a.d_qk, k, a.ldk, w.qp + r0, rows, w.sp + r0 * ld, ld, true, ahead);
+    kernel.column_scores(count, bk, a.d_qk, in.k, in.ldk, w.qp + r0, rows, w.sp + r0 * ld, ld, true, ahead);
     if (a.d_rope > 0)
-      kernel.column_scores(count, bk, a.d_rope, a.kr + k0, a.ldkr, w.qp + a.d_qk * rows + r0, rows, w.sp + r0 * ld, ld, false,
+      kernel.column_scores(count, bk, a.d_rope, in.kr, in.ldkr, w.qp + a.d_qk * rows + r0, rows, w.sp + r0 * ld, ld, false,
                            ahead);
   }
   const Index key0 = a.first_key_position + k0;
@@ -779,10 +856,9 @@ void few_rows_block(const AttentionArguments<T>& a, const FewRowKernel<T>& kerne
     kernel.softmax_row(s, n, w.m + r, w.l + r, w.alpha + r);
     for (Index c = 0; c < dv; ++c) w.op[r * dv + c] *= w.alpha[r];
   }
-  const T* v = a.v + w.vh * dv * a.ldv + k0;
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const Index count = std::min<Index>(4, rows - r0);
-    kernel.dot_rows(count, w.sp + r0 * ld, ld, bk, v, a.ldv, dv, w.dots, ahead);
+    kernel.dot_rows(count, w.sp + r0 * ld, ld, bk, in.v, in.ldv, dv, w.dots, ahead);
     for (Index i = 0; i < count; ++i)
       for (Index c = 0; c < dv; ++c) w.op[(r0 + i) * dv + c] += w.dots[c * 4 + i];
   }
@@ -804,11 +880,15 @@ void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const
   // runs of 16 KiB); with more than four rows K is swept once per four, so the block's keys stay
   // within 256 KiB (L2). Not tuning: the block sets where the online softmax rescales, which bd
   // keeps the same on every CPU for a shape.
-  const Index Bk = rows <= 4 ? 4096 : std::clamp<Index>(Index(256 * 1024 / sizeof(T)) / std::max<Index>(1, D) / 16 * 16, 16, 1024);
+  // Keys stored in bfloat16 are widened a block at a time, a block within the same 256 KiB.
+  const bool widened = value_runs_bf16(a);
+  const Index Bk = rows <= 4 && !widened
+                       ? 4096
+                       : std::clamp<Index>(Index(256 * 1024 / sizeof(T)) / std::max<Index>(1, D) / 16 * 16, 16, 1024);
   // Per worker (FewRows): queries, scores (rows of Bk, padded to whole vectors with −∞), output
-  // accumulators, each row's max, sum, rescaling and position, dot results.
+  // accumulators, each row's max, sum, rescaling and position, dot results, widened keys.
   const Index ld = Bk, q_size = D * rows, s_size = rows * ld, o_size = rows * dv;
-  const Index per_worker = q_size + s_size + o_size + 3 * rows + 4 * dv;
+  const Index per_worker = q_size + s_size + o_size + 3 * rows + 4 * dv + (widened ? D * Bk : 0);
   const Index workers = std::max(1, threads);
   T* const buffers = scratch.values.reserve(static_cast<std::size_t>(per_worker * workers));
   Index* const positions = scratch.positions.reserve(static_cast<std::size_t>(rows * workers));
@@ -824,7 +904,7 @@ void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const
     FewRows<T> w;
     w.rows = rows, w.ld = ld, w.kh = g * a.n_k / groups, w.vh = g * a.n_v / groups;
     w.qp = buffers + me * per_worker, w.sp = w.qp + q_size, w.op = w.sp + s_size;
-    w.m = w.op + o_size, w.l = w.m + rows, w.alpha = w.l + rows, w.dots = w.alpha + rows;
+    w.m = w.op + o_size, w.l = w.m + rows, w.alpha = w.l + rows, w.dots = w.alpha + rows, w.kw = w.dots + 4 * dv;
     w.pos = positions + me * rows;
     const Index k_end = few_rows_start(a, g, group, w);
     for (Index k0 = 0; k0 < k_end; k0 += Bk) few_rows_block(a, kernel, k0, std::min(Bk, k_end - k0), ahead, w);
@@ -867,6 +947,9 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0, Workspace&
   if (a.k_len <= 0 || a.n_k <= 0 || a.n_v <= 0 || a.n_q % a.n_k != 0 || a.n_q % a.n_v != 0)
     throw ShapeError(bd::detail::message("flash_attention: ", a.k_len, " keys, ", a.n_q, " query heads on ", a.n_k, " key and ",
                                          a.n_v, " value heads; expected at least one key and query heads a multiple of each"));
+  if (a.k_bf16 && (!std::is_same_v<T, float> || !a.values_are_keys || a.k || a.v || (a.d_rope && !a.kr_bf16)))
+    throw ShapeError("flash_attention: keys stored in bf16 (k_bf16) are read by float arithmetic, with the values their "
+                     "first channels (values_are_keys) and the RoPE keys in bf16 too (kr_bf16); k and v null");
   if (a.q_len == 0) return;
 #ifdef _OPENMP
   if (threads <= 0) threads = omp_in_parallel() ? 1 : omp_get_max_threads();

@@ -163,6 +163,23 @@ BD_TARGET_AVX512_BF16 inline void pair_channels(const float* lo, const float* hi
   }
 }
 
+/// The bfloat16 values at p (lanes in m) zero-extended into 32-bit lanes.
+BD_TARGET_AVX512_BF16 inline BD_ALWAYS_INLINE __m512i halfwords(__mmask16 m, const Eigen::bfloat16* p) {
+  return _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(m, p));
+}
+
+/// The same from runs stored in bfloat16: each pair is lo's halfword under hi's, nothing rounded.
+BD_TARGET_AVX512_BF16 inline void pair_channels(const Eigen::bfloat16* lo, const Eigen::bfloat16* hi, Index n, Index nr,
+                                                float* to, Index panel_stride) {
+  const __mmask16 panel = __mmask16((1u << nr) - 1);
+  for (Index j0 = 0; j0 < n; j0 += nr, to += panel_stride) {
+    const __mmask16 m = n - j0 >= nr ? panel : __mmask16((1u << (n - j0)) - 1);
+    const __m512i l = halfwords(m, lo + j0);
+    const __m512i words = hi ? _mm512_or_si512(l, _mm512_maskz_slli_epi32(0xFFFF, halfwords(m, hi + j0), 16)) : l;
+    _mm512_mask_storeu_epi32(to, panel, words);
+  }
+}
+
 /// One channel's run of n keys as bf16 pairs of consecutive keys: word u = (run[2u], run[2u + 1]),
 /// an odd n's last with a zero high half. In key order vcvtne2ps2bf16's halves are already pairs.
 BD_TARGET_AVX512_BF16 inline void pair_keys(const float* run, Index n, float* to) {
@@ -210,8 +227,12 @@ struct Avx512Kernel : avx512::Routines<Avx512Ops<T>, T, 2 * Avx512Ops<T>::lanes,
     if constexpr (pair_tiles) avx512::pair_tile<Avx512Kernel::nr>(columns, kc, A, B, ldb, src, values, dst, prefetch);
   }
   /// Packing into bf16 pairs for those tiles (float only, AVX512-BF16 too): two channels' runs
-  /// into key panels, one channel's run into pairs of keys, a panel in place.
+  /// (float, or bfloat16 as they lie) into key panels, one channel's run into pairs of keys, a
+  /// panel in place.
   static void pair_channels(const T* lo, const T* hi, Index n, Index nr, T* to, Index panel_stride) {
+    if constexpr (pair_tiles) avx512::pair_channels(lo, hi, n, nr, to, panel_stride);
+  }
+  static void pair_channels(const Eigen::bfloat16* lo, const Eigen::bfloat16* hi, Index n, Index nr, T* to, Index panel_stride) {
     if constexpr (pair_tiles) avx512::pair_channels(lo, hi, n, nr, to, panel_stride);
   }
   static void pair_keys(const T* run, Index n, T* to) {
