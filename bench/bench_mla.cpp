@@ -80,9 +80,10 @@ const MlaPair& mla_pair() {
   return pair;
 }
 
-/// A latent cache holding `context` tokens, with room for `extra` more (no timed growth).
-bd::nn::LatentCache<float> filled_cache(Index context, Index extra) {
-  bd::nn::LatentCache<float> cache;
+/// A latent cache holding `context` tokens, with room for `extra` more (no timed growth), stored
+/// in `storage`.
+bd::nn::LatentCache<float> filled_cache(Index context, Index extra, bd::Storage storage = bd::Storage::F32) {
+  bd::nn::LatentCache<float> cache(storage);
   cache.append(Eigen::MatrixXf::Random(context + extra, kLatent), Eigen::MatrixXf::Random(context + extra, kRope));
   cache.truncate(context);
   return cache;
@@ -179,19 +180,22 @@ void decode_absorbed_interleaved(benchmark::State& state) {
   state.counters["bd_share_of_floor"] = floor / t[1];
 }
 
-/// The pair stored in bf16 and computing in bf16 (bf16_layers.hpp); the latent cache stays f32.
+/// The pair stored in bf16 and computing in bf16 (bf16_layers.hpp).
 const bd_bench::Bf16LayerPair& bf16_mla_pair() {
   static const bd_bench::Bf16LayerPair pair = bd_bench::bf16_layer_pair(mla_pair().dense);
   return pair;
 }
 
 /// decode/mla_absorbed/interleaved_bf16/<context>: the two layers' token in bf16 (stored and
-/// computing), each on its own f32 latent cache, in turn with the BD layer's token in f32:
-/// medians, ratio, and `bf16_over_f32` (the BD token in bf16 over the same in f32, paired).
+/// computing), each on its own bf16 latent cache, in turn with the BD layer's token in f32 on an
+/// f32 cache and in bf16 on an f32 cache: medians, ratio, `bf16_over_f32` (the BD token in bf16
+/// over the same in f32, paired) and `bf16_cache_gain` (the BD bf16 token on an f32 cache over
+/// the same on the bf16 cache, paired: what storing the cache in bf16 buys).
 void decode_absorbed_interleaved_bf16(benchmark::State& state) {
   const bd_bench::Bf16LayerPair& pair = bf16_mla_pair();
   const Index context = state.range(0);
-  auto dense_cache = filled_cache(context, 1), bd_cache = filled_cache(context, 1), f32_cache = filled_cache(context, 1);
+  auto dense_cache = filled_cache(context, 1, bd::Storage::BF16), bd_cache = filled_cache(context, 1, bd::Storage::BF16),
+       f32_cache = filled_cache(context, 1), bd_f32_cache = filled_cache(context, 1);
   const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
   const auto token = [&](bool bd, bd::nn::LatentCache<float>& cache) {
     return [&, bd] {
@@ -203,12 +207,15 @@ void decode_absorbed_interleaved_bf16(benchmark::State& state) {
   std::vector<std::vector<double>> seconds;
   const std::vector<double> t = bd_bench::time_interleaved(
       state,
-      {token(false, dense_cache), token(true, bd_cache), [&] { decode_token(mla_pair(), true, x, f32_cache, context); }}, {},
-      &seconds);
+      {token(false, dense_cache), token(true, bd_cache), [&] { decode_token(mla_pair(), true, x, f32_cache, context); },
+       token(true, bd_f32_cache)},
+      {}, &seconds);
   const DecodeFlops f(mla_pair(), context);
   pair_counters(state, t, seconds, f.dense, f.bd);
   state.counters["bd_f32_ms"] = t[2] * 1e3;
   state.counters["bf16_over_f32"] = bd_bench::paired_ratio(seconds[1], seconds[2]);
+  state.counters["bd_bf16_f32_cache_ms"] = t[3] * 1e3;
+  state.counters["bf16_cache_gain"] = bd_bench::paired_ratio(seconds[3], seconds[1]);
 }
 
 /// A chunk of kChunk tokens prefilled by the dense or the BD layer over `context` cached ones,

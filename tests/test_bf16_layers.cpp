@@ -114,3 +114,93 @@ TEST_CASE("bf16 compute: a layer that cannot honour it refuses it by name", "[bf
                                  .template cast<Eigen::half>(),
                              bd::RangeError, Contains("f16"));
 }
+
+namespace {
+/// A DeepSeek-like MLA layer (query LoRA, latent 48, decoupled RoPE 8) with `heads` query heads.
+bd_test::LayerSpec mla_spec(Index heads) {
+  bd_test::LayerSpec s;
+  s.n_q = s.n_kv = heads, s.head_dim = 16, s.v_head_dim = 16, s.rope_dim = 8;
+  s.d_q = s.d_model_kv = s.d_out = 64, s.d_kv = 48, s.q_lora = 32;
+  s.causal = true;
+  return s;
+}
+
+using Cache = bd::nn::LatentCache<float>;
+
+/// A layer's outputs for 9 tokens on `cache`: 5 prefilled by recomputing K and V, 2 prefilled
+/// absorbed, then 2 decoded one at a time (absorbed); rows 5… are the absorbed steps'.
+template <typename Layer>
+MatrixXf steps(const Layer& layer, const MatrixXf& x, Cache& cache) {
+  MatrixXf y(9, x.cols());
+  y.topRows(5) = layer.prefill(x.topRows(5), cache, bd::nn::PrefillPath::Recompute);
+  y.middleRows(5, 2) = layer.prefill(x.middleRows(5, 2), cache, bd::nn::PrefillPath::Absorbed);
+  for (Index t = 7; t < 9; ++t) y.row(t) = layer.decode_absorbed(x.row(t), cache);
+  return y;
+}
+}  // namespace
+
+TEST_CASE("a bf16 latent cache holds each latent rounded once, widens it exactly, and refuses what it cannot hold",
+          "[bf16][mla]") {
+  const MatrixXf c = bd_test::gaussian(7, 48, 71).cast<float>(), kr = bd_test::gaussian(7, 8, 72).cast<float>();
+  Cache cache(bd::Storage::BF16);
+  CHECK(cache.storage() == bd::Storage::BF16);
+  for (Index t = 0; t < 7; ++t) cache.append(c.row(t), kr.row(t));  // grows from one token: its rows kept
+  CHECK(cache.length() == 7);
+  CHECK(cache.latent_dim() == 48);
+  CHECK(cache.rope_dim() == 8);
+  CHECK(cache.latent_bf16() == c.cast<Eigen::bfloat16>());
+  CHECK(cache.rope_keys_bf16() == kr.cast<Eigen::bfloat16>());
+  const auto [latent, rope] = cache.rows(2, 4);
+  CHECK(latent == c.middleRows(2, 4).cast<Eigen::bfloat16>().cast<float>());
+  CHECK(rope == kr.middleRows(2, 4).cast<Eigen::bfloat16>().cast<float>());
+  CHECK(latent != c.middleRows(2, 4));  // rounded: the storage was honoured
+  cache.truncate(3);
+  CHECK(cache.rows(0, 3).first == c.topRows(3).cast<Eigen::bfloat16>().cast<float>());
+  BD_CHECK_THROWS_CONTAINING(cache.rows(2, 4), bd::RangeError, Contains("the cache holds 3 tokens"));
+  BD_CHECK_THROWS_CONTAINING(cache.latent(), bd::RangeError, Contains("this cache stores bf16; read it with latent_bf16()"));
+  BD_CHECK_THROWS_CONTAINING(cache.append(MatrixXf::Ones(1, 40), MatrixXf::Ones(1, 8)), bd::ShapeError,
+                             Contains("latents of width 48"));
+  BD_CHECK_THROWS_CONTAINING(Cache(bd::Storage::F16), bd::RangeError, Contains("f16 storage is not implemented"));
+  BD_CHECK_THROWS_CONTAINING(bd::nn::LatentCache<double>(bd::Storage::BF16), bd::RangeError,
+                             Contains("a bf16 cache is read by f32 arithmetic"));
+  CHECK(Cache().storage() == bd::Storage::F32);
+}
+
+TEST_CASE("a bf16 latent cache: bf16 compute decodes with the f32 cache's bits, f32 compute within the latents' rounding",
+          "[bf16][mla]") {
+  // bf16 compute rounds the latent once wherever it multiplies it (the attention's keys and
+  // values, the K/V up-projection's input), so a cache that stores it rounded changes no bit of
+  // the absorbed steps, whose attention runs tiled with 16 heads against the one latent. The
+  // recomputing prefill differs where f32 arithmetic reads the cache: BD's basis channels (z[S])
+  // and the few-row attention's RoPE keys (5 rows per head); f32 compute reads the rounded latent
+  // where it read the exact one: the output moves by the latent's rounding, 2⁻⁹ relative, carried
+  // through the scores' softmax and the two projections — under 2⁻⁶ of the output's scale (2⁻⁹
+  // to 2⁻⁷·⁹ measured on this shape), and never zero. Four heads take the few-row path (f32
+  // arithmetic on the widened cache) in both computes. BD and dense on the same bf16 cache differ
+  // by their own bf16 errors (2⁻⁷ measured; bound 2⁻⁵), in f32 compute by the fp32 bound.
+  const MatrixXd x = bd_test::gaussian(9, 64, 73);
+  const MatrixXf xf = x.cast<float>();
+  for (const Index heads : {16, 4}) {
+    const auto layer = bd_test::random_attention(mla_spec(heads), 74);
+    MultiHeadAttention<float> dense = layer.cast<float>();
+    BDAttention<float> bd = BDAttention<float>::prepare(layer, BDAttentionOptions{}.with_cost_policy(bd::nn::CostPolicy::Allow));
+    for (const Compute compute : {Compute::BF16, Compute::F32}) {
+      INFO(heads << " heads, " << bd::kernel::to_string(compute) << " compute");
+      dense.set_compute(compute), bd.set_compute(compute);
+      Cache dense32, dense16(bd::Storage::BF16), bd32, bd16(bd::Storage::BF16);
+      const MatrixXf d32 = steps(dense, xf, dense32), d16 = steps(dense, xf, dense16);
+      const MatrixXf b32 = steps(bd, xf, bd32), b16 = steps(bd, xf, bd16);
+      if (compute == Compute::BF16 && heads == 16) {
+        CHECK(d16.bottomRows(4) == d32.bottomRows(4));
+        CHECK(b16.bottomRows(4) == b32.bottomRows(4));
+        CHECK(max_rel(d16, d32) <= std::ldexp(1.0, -6));
+        CHECK(max_rel(b16, b32) <= std::ldexp(1.0, -6));
+      } else {
+        CHECK(max_rel(d16, d32) <= std::ldexp(1.0, -6));
+        CHECK(max_rel(b16, b32) <= std::ldexp(1.0, -6));
+        CHECK(d16.bottomRows(4) != d32.bottomRows(4));
+      }
+      CHECK(max_rel(b16, d16) <= (compute == Compute::F32 ? bd_test::kFp32OperatorBound : std::ldexp(1.0, -5)));
+    }
+  }
+}

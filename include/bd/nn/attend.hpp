@@ -4,6 +4,7 @@
 #pragma once
 
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,11 +33,16 @@ struct AttendSpec {
   bd::kernel::Compute compute = bd::kernel::Compute::F32;
 };
 
+/// Keys stored in bfloat16 as a bf16 LatentCache holds them (attend_stored_bf16_into).
+using Bf16Ref = Eigen::Ref<const Eigen::Matrix<Eigen::bfloat16, Eigen::Dynamic, Eigen::Dynamic>>;
+
 namespace detail {
-/// The kernel's arguments for one attend call, after checking every shape against the spec.
-template <typename A>
-bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V,
-                                                     const AttendSpec& s, const ConstRef<A>* Qr, const ConstRef<A>* Kr,
+/// The kernel's arguments for one attend call, after checking every shape against the spec; K,
+/// V and Kr are float operands (ConstRef<A>) or keys stored in bfloat16 (Bf16Ref, V then K:
+/// values_are_keys).
+template <typename A, typename KeyRef>
+bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, const KeyRef& K, const KeyRef& V,
+                                                     const AttendSpec& s, const ConstRef<A>* Qr, const KeyRef* Kr,
                                                      Eigen::Ref<MatrixA<A>> O) {
   using bd::detail::message;
   const Index n_v = s.n_v ? s.n_v : s.n_k, d_rope = Qr && Kr ? s.d_rope : 0;
@@ -52,9 +58,16 @@ bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, cons
   a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = n_v;
   a.d_qk = s.d_qk, a.d_rope = d_rope, a.d_v = s.d_v;
   a.q = Q.data(), a.ldq = Q.outerStride();
-  a.k = K.data(), a.ldk = K.outerStride();
-  a.v = V.data(), a.ldv = V.outerStride();
-  if (d_rope) a.qr = Qr->data(), a.ldqr = Qr->outerStride(), a.kr = Kr->data(), a.ldkr = Kr->outerStride();
+  a.ldk = K.outerStride(), a.ldv = V.outerStride();
+  if (d_rope) a.qr = Qr->data(), a.ldqr = Qr->outerStride(), a.ldkr = Kr->outerStride();
+  if constexpr (std::is_same_v<KeyRef, Bf16Ref>) {
+    static_assert(std::is_same_v<A, float>, "keys stored in bf16 are read by f32 arithmetic");
+    a.k_bf16 = K.data();
+    if (d_rope) a.kr_bf16 = Kr->data();
+  } else {
+    a.k = K.data(), a.v = V.data();
+    if (d_rope) a.kr = Kr->data();
+  }
   a.out = O.data(), a.ldo = O.outerStride();
   a.scale = A(s.scale);
   a.causal = s.causal;
@@ -76,7 +89,19 @@ bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, cons
 template <typename A>
 void attend_into(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& V, const AttendSpec& s,
                  const ConstRef<A>* Qr, const ConstRef<A>* Kr, Eigen::Ref<MatrixA<A>> O, Workspace& ws) {
-  bd::kernel::flash_attention(detail::attention_arguments<A>(Q, K, V, s, Qr, Kr, O), 0, ws);
+  bd::kernel::flash_attention(detail::attention_arguments<A, ConstRef<A>>(Q, K, V, s, Qr, Kr, O), 0, ws);
+}
+
+/// The same with the keys stored in bfloat16 (a bf16 LatentCache's latent and RoPE keys) and the
+/// values their first d_v channels (spec.values_are_keys, required): read as they lie, widened
+/// exactly for f32 arithmetic or paired for bf16's (kernel::AttentionArguments::k_bf16).
+template <typename A>
+void attend_stored_bf16_into(const ConstRef<A>& Q, const Bf16Ref& K, const AttendSpec& s, const ConstRef<A>* Qr,
+                             const Bf16Ref* Kr, Eigen::Ref<MatrixA<A>> O, Workspace& ws) {
+  if (!s.values_are_keys)
+    throw ShapeError("attend: keys stored in bf16 are the latent of absorbed MLA, whose values are its first channels "
+                     "(AttendSpec::values_are_keys)");
+  bd::kernel::flash_attention(detail::attention_arguments<A, Bf16Ref>(Q, K, K, s, Qr, Kr, O), 0, ws);
 }
 
 /// The same, into a new matrix.
@@ -110,7 +135,7 @@ public:
            const ConstRef<A>* Qr = nullptr, const ConstRef<A>* Kr = nullptr) {
     AttendSpec s = spec_;
     s.first_key_position = first_key;
-    auto a = detail::attention_arguments<A>(Q, K, V, s, Qr, Kr, O_);
+    auto a = detail::attention_arguments<A, ConstRef<A>>(Q, K, V, s, Qr, Kr, O_);
     a.row_max = max_.data(), a.row_sum = sum_.data();
     bd::kernel::flash_attention(a, 0, *ws_);
     last_ = a;

@@ -46,7 +46,7 @@ MatrixA<A> attend_with_lse(const ConstRef<A>& Q, const ConstRef<A>& K, const Con
   MatrixA<A> O = MatrixA<A>::Zero(Q.rows(), s.n_q * s.d_v);
   lse.assign(static_cast<std::size_t>(Q.rows() * s.n_q), -std::numeric_limits<A>::infinity());
   std::vector<A> sum(lse.size(), A(0));
-  auto a = detail::attention_arguments<A>(Q, K, V, s, nullptr, nullptr, O);
+  auto a = detail::attention_arguments<A, ConstRef<A>>(Q, K, V, s, nullptr, nullptr, O);
   a.row_max = lse.data(), a.row_sum = sum.data();
   bd::kernel::flash_attention(a, 0, ws);
   bd::kernel::flash_attention_finish(a);

@@ -175,9 +175,13 @@ auto AttentionLayer<Derived, A>::prefill(const Input& x_new, Latent& cache, Pref
   const Index context = cache.length();
   const Eigen::Map<Matrix> O = scratch.heads_output.take(Q.rows(), c.n_q * c.value_dim());
   std::optional<StreamedAttention<A>> attention;
+  const bool widened = cache.storage() != storage_of<A>();  // a bf16 cache: each block's rows widened
   for (Index k0 = 0; k0 < context; k0 += recompute_block) {
     const Index n = std::min(recompute_block, context - k0);
-    const Input z(cache.latent().middleRows(k0, n)), Kr(cache.rope_keys().middleRows(k0, n));
+    std::pair<Matrix, Matrix> rows;
+    if (widened) rows = cache.rows(k0, n);
+    const Input z = widened ? Input(rows.first) : Input(cache.latent().middleRows(k0, n));
+    const Input Kr = widened ? Input(rows.second) : Input(cache.rope_keys().middleRows(k0, n));
     const Input K = self().keys(z, k0, scratch.keys, ws), V = self().values(z, scratch.values, ws);
     if (!attention)
       attention.emplace(O, detail::head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim,
@@ -222,15 +226,12 @@ auto AttentionLayer<Derived, A>::decode_absorbed(const Input& x_new, Latent& cac
   const AttentionConfig& c = config();
   const Index start = cache.length();
   detail::append_latent<A>(c, weights(), x_new, cache, ws);
-  const Index dc = cache.latent_dim();
   detail::AttentionScratch<A>& scratch = ws.local<detail::AttentionScratch<A>>();
   const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x_new, ws) : Matrix();
   const Input xq = has_lora() ? Input(xq_storage) : x_new;
   const Matrix Qt = self().absorb_queries(self().queries(xq, start, scratch.queries, ws), ws);
   const Input Qr = detail::rope_queries<A>(c, weights(), xq, start, scratch.rope_queries, ws);
-  const Input C(cache.latent());
-  const Input Ot =
-      detail::attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, start, scratch.heads_output, ws, true);
+  const Input Ot = detail::attend_latent<A>(c, Qt, Qr, cache, start, scratch.heads_output, ws);
   return self().output(self().absorb_values(Ot, ws), ws);
 }
 

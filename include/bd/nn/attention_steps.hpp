@@ -3,6 +3,8 @@
 // source (query LoRA), the decoupled RoPE keys and queries, and the softmax over heads.
 #pragma once
 
+#include <type_traits>
+
 #include <Eigen/Core>
 
 #include "bd/base/error.hpp"
@@ -138,6 +140,27 @@ Eigen::Map<MatrixA<A>> attend_heads(const AttentionConfig& c, const ConstRef<A>&
   else
     attend_into<A>(Q, K, V, spec, &Qr, &Kr, O, ws);
   return O;
+}
+
+/// Absorbed MLA's attention: every head's absorbed query q̃ (and RoPE query) against the latent
+/// cache, whose latents are both the keys and, their d_c channels, the values; read where the
+/// cache holds them, in f32 or in bf16.
+template <typename A>
+Eigen::Map<MatrixA<A>> attend_latent(const AttentionConfig& c, const ConstRef<A>& Qt, const ConstRef<A>& Qr,
+                                     const LatentCache<A>& cache, Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
+  const Index dc = cache.latent_dim();
+  if constexpr (std::is_same_v<A, float>) {
+    if (cache.storage() == Storage::BF16) {
+      AttendSpec spec = head_spec(c, 1, 1, dc, dc, first_position);
+      spec.values_are_keys = true;
+      Eigen::Map<MatrixA<A>> O = out.take(Qt.rows(), c.n_q * dc);
+      const Bf16Ref C(cache.latent_bf16()), Kr(cache.rope_keys_bf16());
+      attend_stored_bf16_into<A>(Qt, C, spec, c.rope_dim ? &Qr : nullptr, c.rope_dim ? &Kr : nullptr, O, ws);
+      return O;
+    }
+  }
+  const ConstRef<A> C(cache.latent());
+  return attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, first_position, out, ws, true);
 }
 
 /// Absorbed decoding needs keys and values read from a latent (MLA) with no vanilla RoPE on
