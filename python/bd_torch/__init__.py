@@ -189,9 +189,14 @@ class BDAttention(torch.nn.Module):
         return cls.from_weights(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, causal=causal,
                                 rope_theta=rope_theta, **options)
 
-    def new_cache(self):
-        """An empty cache for decode (KV) or, for an MLA layer, prefill/decode_absorbed (latent)."""
-        return torch.classes.bd.LatentCache() if self.latent else torch.classes.bd.KVCache()
+    def new_cache(self, storage="f32"):
+        """An empty cache for decode (KV) or, for an MLA layer, prefill/decode_absorbed (latent);
+        an MLA layer's latent cache may be stored in "bf16" (half the bytes a token reads)."""
+        if self.latent:
+            return torch.classes.bd.LatentCache(storage)
+        if storage != "f32":
+            raise RuntimeError(f"bd_torch: a KV cache is stored in f32; storage {storage!r} is offered for MLA's latent cache")
+        return torch.classes.bd.KVCache()
 
     def _each(self, x, step):
         _inference_only(x, "x")

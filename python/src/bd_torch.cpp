@@ -231,6 +231,9 @@ struct Linear : torch::CustomClassHolder {
 template <typename Cache>
 struct TokenCache : torch::CustomClassHolder {
   Cache cache;
+  TokenCache() = default;
+  /// A latent cache stored in `storage` ("f32", or "bf16": half the bytes a token reads).
+  explicit TokenCache(const std::string& storage) : cache(bd::parse_storage(storage)) {}
   std::int64_t length() const { return cache.length(); }
   void truncate(std::int64_t n) { cache.truncate(n); }
 };
@@ -496,7 +499,7 @@ TORCH_LIBRARY(bd, m) {
       .def("basis_columns", &Linear::basis_columns);
   m.class_<KVCache>("KVCache").def(torch::init<>()).def("length", &KVCache::length).def("truncate", &KVCache::truncate);
   m.class_<LatentCache>("LatentCache")
-      .def(torch::init<>())
+      .def(torch::init<std::string>())
       .def("length", &LatentCache::length)
       .def("truncate", &LatentCache::truncate);
   m.class_<Projection>("Projection").def_static("create", &Projection::create).def("forward", &Projection::forward)

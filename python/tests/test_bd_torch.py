@@ -195,6 +195,15 @@ def test_mla_absorbed_decoding_equals_its_prefill():
         first = attn.prefill(x[:5], cache)
         rest = torch.cat([attn.decode_absorbed(x[i:i + 1], cache) for i in range(5, 9)])
     assert max_err(torch.cat([first, rest]), whole) <= 1e-5
+    # A bf16 latent cache: the latent rounded once (2⁻⁹ relative), the output within a few of that.
+    with torch.no_grad():
+        cache = attn.new_cache("bf16")
+        first = attn.prefill(x[:5], cache)
+        rest = torch.cat([attn.decode_absorbed(x[i:i + 1], cache) for i in range(5, 9)])
+    error = max_err(torch.cat([first, rest]), whole)
+    assert 1e-5 < error <= 2 ** -6
+    with pytest.raises(RuntimeError, match="f16 storage is not implemented"):
+        attn.new_cache("f16")
 
 
 # ---------------------------------------------------------------------------------------------
