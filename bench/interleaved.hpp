@@ -69,8 +69,8 @@ inline bool is_balanced(const std::vector<std::vector<std::size_t>>& orders, std
   return true;
 }
 
-/// Runs each of `calls` once per iteration of `state`, in the orders of balanced_orders in turn;
-/// returns each call's median time in seconds, in the order of `calls`. settle[k], where given,
+/// Runs each of `calls` once untimed, then once per iteration of `state`, in the orders of
+/// balanced_orders in turn; returns each call's median time in seconds, in the order of `calls`. settle[k], where given,
 /// is how long to wait after call k with the clock stopped (kOpenBlasSettleSeconds after an
 /// OpenBLAS call), so that it leaves no thread spinning into the next call's time. `all_seconds`,
 /// where given, receives every call's times, iteration by iteration (for paired_ratio).
@@ -82,6 +82,14 @@ inline std::vector<double> time_interleaved(benchmark::State& state, const std::
   if (n >= 2 && n <= 5 && !is_balanced(orders, n)) {
     state.SkipWithError("interleaved.hpp: balanced_orders is not balanced");
     return std::vector<double>(n, 0.0);
+  }
+  // One untimed round first. A benchmark's first call of each kind touches its output's pages
+  // for the first time and grows its workspace, and where an iteration outlasts min_time the
+  // first iteration is the only one: the first call of its order paid for all of that, on these
+  // VMs as much as the call itself (docs/benchmarks.md, "The interleaved benchmarks' first round").
+  for (std::size_t k = 0; k < n; ++k) {
+    calls[k]();
+    if (k < settle.size() && settle[k] > 0) std::this_thread::sleep_for(std::chrono::duration<double>(settle[k]));
   }
   std::vector<std::vector<double>> seconds(n);
   std::size_t iteration = 0;
