@@ -451,3 +451,28 @@ TEST_CASE("keys stored in bf16 are read by float arithmetic as the values' sourc
   d.q_len = 1, d.k_len = 16, d.d_qk = 8, d.d_v = 8, d.k_bf16 = K16.data(), d.values_are_keys = true;
   BD_CHECK_THROWS_CONTAINING(bd::kernel::flash_attention(d), bd::ShapeError, Catch::Contains("float arithmetic"));
 }
+
+TEST_CASE("bf16 attention rounds halfway keys and queries to even, as vdpbf16ps's conversion does", "[kernel][flash][bf16]") {
+  // The even keys are odd integers in 257…495, each halfway between two bfloat16 values (steps of 2
+  // there): 4m + 1 rounds down to 4m, 4m + 3 up to 4m + 4 (the neighbour with an even mantissa),
+  // so truncating or rounding ties up or down each gets half of them wrong; the odd keys are exact.
+  // The query 1 + 3·2⁻⁸ is halfway too and rounds up to 1 + 2⁻⁶. Scores run from 16 to 31: a tie
+  // rounded the wrong way moves a key's weight by e^(2/16) or every score by 2⁻⁷ of itself, far
+  // past P's own rounding (2⁻⁹·max|v|).
+  const Shape s{40, 300, 1, 1, 1, 8, 0, 8, false};
+  Eigen::MatrixXf Q = Eigen::MatrixXf::Zero(s.Lq, 8), K = Eigen::MatrixXf::Zero(s.Lk, 8), V(s.Lk, 8), O(s.Lq, 8);
+  Q.col(0).setConstant(1.0f + 3 * std::ldexp(1.0f, -8));
+  for (Index j = 0; j < s.Lk; ++j) {
+    K(j, 0) = float(256 + 4 * (j % 60) + (j % 4 == 0 ? 1 : j % 4 == 2 ? 3 : 0));
+    for (Index c = 0; c < 8; ++c) V(j, c) = float((j * 7 + c * 3) % 11 - 5);
+  }
+  AttentionArguments<float> a;
+  a.q_len = s.Lq, a.k_len = s.Lk, a.d_qk = 8, a.d_v = 8, a.q = Q.data(), a.ldq = s.Lq, a.k = K.data(), a.ldk = s.Lk;
+  a.v = V.data(), a.ldv = s.Lk, a.out = O.data(), a.ldo = s.Lq, a.scale = 0.0625f, a.compute = Compute::BF16;
+  const MatrixXd expected = reference(s, bf16_rounded(Eigen::MatrixXf(Q * a.scale)), MatrixXd(s.Lq, 0), bf16_rounded(K),
+                                      MatrixXd(s.Lk, 0), V.cast<double>(), 1.0);
+  bd_test::for_each_bf16_path([&] {
+    bd::kernel::flash_attention(a);
+    CHECK((O.cast<double>() - expected).cwiseAbs().maxCoeff<Eigen::PropagateNaN>() <= std::ldexp(1.0, -9) * 5 * 1.25);
+  });
+}

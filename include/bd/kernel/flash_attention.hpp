@@ -247,6 +247,22 @@ void pack_rounded_value_panels(const AttentionArguments<T>& a, Index vh, Index k
   for (Index c0 = 0; c0 < a.d_v; c0 += NR) round_panel(vp + c0 * steps, NR, bk);
 }
 
+/// The same key panels where the kernel rounds in vector registers (has_rounding): each pair of
+/// channels read once and written rounded, swapped into place (Kernel::round_channels), instead
+/// of packed and then rounded in a second pass. Keys stored in bfloat16 take the widening pack.
+template <typename Kernel, typename T>
+void pack_rounded_key_pairs(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) {
+  constexpr Index NR = Kernel::nr;
+  if (value_runs_bf16(a)) return pack_rounded_key_panels<NR>(a, kh, k0, bk, kp, steps, ahead);
+  const Index D = a.d_qk + a.d_rope;
+  for (Index c = 0; c < D; c += 2) {
+    if (ahead)
+      for (Index e = c + ahead; e < std::min(D, c + ahead + 2); ++e) prefetch_key_run(a, kh, k0, e, bk);
+    Kernel::round_channels(key_run(a, kh, k0, c), c + 1 < D ? key_run(a, kh, k0, c + 1) : nullptr, bk, NR, kp + c * NR,
+                           NR * steps);
+  }
+}
+
 /// For vdpbf16ps (Packing::Pairs): a key block's keys as NR-key panels of bf16 pairs of channels,
 /// kp[j0·steps + t·NR + j] = channels 2t and 2t + 1 of key k0 + j0 + j, the kernel rounding and
 /// interleaving two runs at a time.
@@ -349,6 +365,10 @@ const FlashTileKernel<T>& bf16_flash_tile_kernel(Packing packing) {
     k.pack_keys = &pack_rounded_key_panels<Kernel::nr, T>;
     k.pack_values = &pack_rounded_value_panels<Kernel::nr, T>;
     k.round_panel = &detail::round_panel;
+    if constexpr (has_rounding<Kernel>::value) {  // queries and P: MR lanes, whole vectors
+      k.pack_keys = &pack_rounded_key_pairs<Kernel, T>;
+      k.round_panel = &Kernel::round_rows;
+    }
     return k;
   }();
   if constexpr (has_pair_tile<Kernel>::value) {

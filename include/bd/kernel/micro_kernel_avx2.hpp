@@ -9,6 +9,7 @@
 // so the output is written once. `columns` < NR computes only the first `columns` columns.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -104,6 +105,54 @@ struct OpsDouble {
 #undef BD_KERNEL_NAMESPACE
 #undef BD_KERNEL_TARGET
 
+/// Eight floats' bits rounded to bfloat16 in the upper half of each lane: pack.hpp's bf16_upper
+/// (nearest even, a NaN quieted) on a vector.
+BD_TARGET_AVX2 inline BD_ALWAYS_INLINE __m256i bf16_upper(__m256i x) {
+  const __m256i upper = _mm256_set1_epi32(int(0xffff0000u));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), upper);
+  const __m256i quiet = _mm256_and_si256(_mm256_or_si256(x, _mm256_set1_epi32(0x00400000)), upper);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+/// Lanes [0, count) set, for maskload and maskstore.
+BD_TARGET_AVX2 inline BD_ALWAYS_INLINE __m256i first_lanes(Index count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// Two channels' runs of n keys rounded to bfloat16 into Packing::Rounded's panels of nr ≤ 8
+/// keys, a pair's two steps swapped as pack.hpp's round_panel lays them out: step 0 of the pair
+/// holds hi's values (zeros where hi is null: an odd depth's last channel), step 1 lo's;
+/// to[(j / nr)·panel_stride + j % nr] and the same + nr, zero to the last panel's end.
+BD_TARGET_AVX2 inline void round_channels(const float* lo, const float* hi, Index n, Index nr, float* to,
+                                          Index panel_stride) {
+  const __m256i panel = first_lanes(nr);
+  for (Index j0 = 0; j0 < n; j0 += nr, to += panel_stride) {
+    const __m256i m = first_lanes(std::min(nr, n - j0));
+    const __m256i l = _mm256_maskload_epi32(reinterpret_cast<const int*>(lo + j0), m);
+    const __m256i h = hi ? bf16_upper(_mm256_maskload_epi32(reinterpret_cast<const int*>(hi + j0), m)) : _mm256_setzero_si256();
+    _mm256_maskstore_epi32(reinterpret_cast<int*>(to), panel, h);
+    _mm256_maskstore_epi32(reinterpret_cast<int*>(to + nr), panel, bf16_upper(l));
+  }
+}
+
+/// round_panel on a panel whose `lanes` are a multiple of 8, in place.
+BD_TARGET_AVX2 inline void round_rows(float* panel, Index lanes, Index kn) {
+  const auto at = [panel](Index i) { return reinterpret_cast<__m256i*>(panel + i); };
+  for (Index t = 0; t < kn / 2; ++t)
+    for (Index i = 2 * t * lanes; i < (2 * t + 1) * lanes; i += 8) {
+      const __m256i even = _mm256_loadu_si256(at(i)), odd = _mm256_loadu_si256(at(i + lanes));
+      _mm256_storeu_si256(at(i), bf16_upper(odd));
+      _mm256_storeu_si256(at(i + lanes), bf16_upper(even));
+    }
+  if (kn % 2 == 0) return;
+  for (Index i = (kn - 1) * lanes; i < kn * lanes; i += 8) {
+    _mm256_storeu_si256(at(i + lanes), bf16_upper(_mm256_loadu_si256(at(i))));
+    _mm256_storeu_si256(at(i), _mm256_setzero_si256());
+  }
+}
+
 }  // namespace avx2
 
 /// float: 16 × 6; double: 8 × 6 (micro_kernel_simd.inc's Routines; tile() computes any
@@ -115,6 +164,14 @@ template <typename T>
 struct Avx2Kernel : avx2::Routines<Avx2Ops<T>, T, 2 * Avx2Ops<T>::lanes, 6> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "AVX2 kernels exist for float and double");
   static constexpr bool any_width = true;
+  /// Packing::Rounded's rounding in vector registers (float only; pack.hpp's round_panel's bits).
+  static constexpr bool rounds_panels = std::is_same_v<T, float>;
+  static void round_channels(const T* lo, const T* hi, Index n, Index nr, T* to, Index panel_stride) {
+    if constexpr (rounds_panels) avx2::round_channels(lo, hi, n, nr, to, panel_stride);
+  }
+  static void round_rows(T* panel, Index lanes, Index kn) {
+    if constexpr (rounds_panels) avx2::round_rows(panel, lanes, kn);
+  }
 };
 
 }  // namespace bd::kernel

@@ -208,6 +208,45 @@ BD_TARGET_AVX512_BF16 inline void pair_panel(float* panel, Index lanes, Index kn
   }
 }
 
+/// Sixteen floats' bits rounded to bfloat16 in the upper half of each lane: pack.hpp's
+/// bf16_upper (nearest even, a NaN quieted) on a vector (the masked shift: see above).
+BD_TARGET_AVX512 inline BD_ALWAYS_INLINE __m512i bf16_upper(__m512i x) {
+  const __m512i upper = _mm512_set1_epi32(int(0xffff0000u));
+  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, x, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), upper);
+  const __m512i quiet = _mm512_and_si512(_mm512_or_si512(x, _mm512_set1_epi32(0x00400000)), upper);
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_blend_epi32(nan, rounded, quiet);
+}
+
+/// avx2::round_channels for panels of nr ≤ 16 keys.
+BD_TARGET_AVX512 inline void round_channels(const float* lo, const float* hi, Index n, Index nr, float* to,
+                                            Index panel_stride) {
+  const __mmask16 panel = __mmask16((1u << nr) - 1);
+  for (Index j0 = 0; j0 < n; j0 += nr, to += panel_stride) {
+    const __mmask16 m = n - j0 >= nr ? panel : __mmask16((1u << (n - j0)) - 1);
+    const __m512i l = _mm512_maskz_loadu_epi32(m, lo + j0);
+    const __m512i h = hi ? bf16_upper(_mm512_maskz_loadu_epi32(m, hi + j0)) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(to, panel, h);
+    _mm512_mask_storeu_epi32(to + nr, panel, bf16_upper(l));
+  }
+}
+
+/// round_panel on a panel whose `lanes` are a multiple of 16, in place.
+BD_TARGET_AVX512 inline void round_rows(float* panel, Index lanes, Index kn) {
+  for (Index t = 0; t < kn / 2; ++t)
+    for (Index i = 2 * t * lanes; i < (2 * t + 1) * lanes; i += 16) {
+      const __m512i even = _mm512_loadu_si512(panel + i), odd = _mm512_loadu_si512(panel + i + lanes);
+      _mm512_storeu_si512(panel + i, bf16_upper(odd));
+      _mm512_storeu_si512(panel + i + lanes, bf16_upper(even));
+    }
+  if (kn % 2 == 0) return;
+  for (Index i = (kn - 1) * lanes; i < kn * lanes; i += 16) {
+    _mm512_storeu_si512(panel + i + lanes, bf16_upper(_mm512_loadu_si512(panel + i)));
+    _mm512_storeu_si512(panel + i, _mm512_setzero_si512());
+  }
+}
+
 }  // namespace avx512
 
 /// float: 32 × 12; double: 16 × 12 (micro_kernel_simd.inc's Routines), and for float the tile on
@@ -240,6 +279,14 @@ struct Avx512Kernel : avx512::Routines<Avx512Ops<T>, T, 2 * Avx512Ops<T>::lanes,
   }
   static void pair_panel(T* panel, Index lanes, Index kn) {
     if constexpr (pair_tiles) avx512::pair_panel(panel, lanes, kn);
+  }
+  /// Packing::Rounded's rounding in vector registers (float only; pack.hpp's round_panel's bits).
+  static constexpr bool rounds_panels = std::is_same_v<T, float>;
+  static void round_channels(const T* lo, const T* hi, Index n, Index nr, T* to, Index panel_stride) {
+    if constexpr (rounds_panels) avx512::round_channels(lo, hi, n, nr, to, panel_stride);
+  }
+  static void round_rows(T* panel, Index lanes, Index kn) {
+    if constexpr (rounds_panels) avx512::round_rows(panel, lanes, kn);
   }
   /// Preparation's small factorizations run the AVX2 bodies (the same layouts: rows padded to 16
   /// values for any ISA): AVX-512 bodies would cost every program their code and compile time

@@ -58,6 +58,13 @@ struct has_pair_tile : std::false_type {};
 template <typename Kernel>
 struct has_pair_tile<Kernel, std::enable_if_t<Kernel::pair_tiles>> : std::true_type {};
 
+/// Whether Kernel rounds Packing::Rounded's panels in vector registers (round_channels,
+/// round_rows: float, AVX2 and AVX-512); others use round_panel below.
+template <typename Kernel, typename = void>
+struct has_rounding : std::false_type {};
+template <typename Kernel>
+struct has_rounding<Kernel, std::enable_if_t<Kernel::rounds_panels>> : std::true_type {};
+
 /// The k-steps of a panel packing kn channels: kn, kn rounded up to even (a pair's missing half
 /// is a zero), or the pairs.
 inline Index packed_depth(Packing p, Index kn) {
