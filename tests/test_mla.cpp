@@ -4,6 +4,7 @@
 #include "nn_support.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -103,8 +104,10 @@ TEST_CASE("MLA absorbed decoding: a token's per-head products allocate nothing (
   // the outputs out of it): 256 a token at DeepSeek-V3's 128 heads. Their argument lists (the
   // segments, the channels, the output columns) come from the layer's call or the Workspace, so
   // a token allocates as often with 16 heads as with 4; what it does allocate (the returned
-  // matrices, per-call lists) does not depend on the heads. Dense and BD, float (the served type),
-  // counted after a first token has grown the workspace's buffers.
+  // matrices, per-call lists) does not depend on the heads. Dense and BD, float (the served type).
+  // The heads are shared out dynamically, so the token on which a thread first computes (and
+  // creates its scratch in the workspace, once) is the scheduler's choice: the count taken is the
+  // fewest over six tokens after two warm ones, which a per-head allocation would still raise.
   if (!bd_test::counts_allocations()) {
     SUCCEED("this build does not count allocations (AddressSanitizer owns operator new)");
     return;
@@ -114,14 +117,21 @@ TEST_CASE("MLA absorbed decoding: a token's per-head products allocate nothing (
     s.n_q = s.n_kv = heads;
     const auto dense = bd_test::random_attention(s, 9).cast<float>();
     const auto prepared = BDAttention<float>::prepare(dense, BDAttentionOptions{}.with_cost_policy(bd::nn::CostPolicy::Allow));
-    const Eigen::MatrixXf x = bd_test::gaussian(3, 40, 24).cast<float>();
+    const Eigen::MatrixXf x = bd_test::gaussian(8, 40, 24).cast<float>();
     bd::nn::LatentCache<float> cache;
     Eigen::MatrixXf y(1, 40);
-    y = bd ? prepared.decode_absorbed(x.row(0), cache) : dense.decode_absorbed(x.row(0), cache);  // grows the workspace
-    y = bd ? prepared.decode_absorbed(x.row(1), cache) : dense.decode_absorbed(x.row(1), cache);
-    const long before = bd_test::allocations();
-    y = bd ? prepared.decode_absorbed(x.row(2), cache) : dense.decode_absorbed(x.row(2), cache);
-    return bd_test::allocations() - before;
+    const auto token = [&](Eigen::Index t) {
+      y = bd ? prepared.decode_absorbed(x.row(t), cache) : dense.decode_absorbed(x.row(t), cache);
+    };
+    token(0);  // grows the workspace
+    token(1);
+    long fewest = std::numeric_limits<long>::max();
+    for (Eigen::Index t = 2; t < x.rows(); ++t) {
+      const long before = bd_test::allocations();
+      token(t);
+      fewest = std::min(fewest, bd_test::allocations() - before);
+    }
+    return fewest;
   };
   for (const bool bd : {false, true}) {
     const long four = per_token(4, bd), sixteen = per_token(16, bd);
