@@ -837,6 +837,7 @@ Index few_rows_start(const AttentionArguments<T>& a, Index g, Index group, FewRo
     last_position = std::max(last_position, w.pos[r]);
     const T* q = a.q + h * a.d_qk * a.ldq + t;
     for (Index c = 0; c < a.d_qk; ++c) w.qp[c * w.rows + r] = q[c * a.ldq] * a.scale;
+    if (a.d_rope == 0) continue;  // a.qr may be null: no offset from it
     const T* qr = a.qr + h * a.d_rope * a.ldqr + t;
     for (Index c = 0; c < a.d_rope; ++c) w.qp[(a.d_qk + c) * w.rows + r] = qr[c * a.ldqr] * a.scale;
   }
@@ -1000,11 +1001,11 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0, Workspace&
       context, scratch);
 }
 
-/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.
+/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB.
 #define BD_FLASH_ATTENTION_INSTANTIATIONS(prefix)                              \
   prefix void flash_attention<float>(const AttentionArguments<float>&, int, Workspace&);   \
   prefix void flash_attention<double>(const AttentionArguments<double>&, int, Workspace&);
-#if defined(BD_COMPILED_LIB) || defined(BD_COMPILED_KERNEL)
+#ifdef BD_COMPILED_LIB
 BD_FLASH_ATTENTION_INSTANTIATIONS(extern template)
 #endif
 
