@@ -1,6 +1,5 @@
-// bd::compiled — bd::io's heavy functions, where bd::io is built (nlohmann-json found): the
-// checkpoint layouts of every model family, the conversion, BD checkpoints' indices. Headers
-// declare them extern under BD_COMPILED_IO, which bd::compiled defines when it holds them.
+// bd::compiled — bd::io's heavy functions: the checkpoint layouts of every model family, the
+// conversion, BD checkpoints' indices. Headers declare them extern under BD_COMPILED_LIB.
 #include <bd/io/bd_checkpoint.hpp>
 #include <bd/io/checkpoint.hpp>
 #include <bd/io/convert.hpp>

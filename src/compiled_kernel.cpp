@@ -1,8 +1,7 @@
-// bd::compiled_kernel (bd::compiled links it) — the kernel's instantiations: the GEMM, flash
-// attention, the small and large products, the triangular inverse, the small LU and the Cholesky factor, for every scalar type bd's
-// layers and preparation use, each with its AVX-512, AVX2 and portable micro-kernels. Headers
-// declare them extern where BD_COMPILED_LIB or BD_COMPILED_KERNEL is defined
-// (docs/architecture.md, "Compile time").
+// bd::compiled — the kernel's instantiations: the GEMM, flash attention, the small and large
+// products, the triangular inverse, the small LU and the Cholesky factor, for every scalar type
+// bd's layers and preparation use, each with its AVX-512, AVX2 and portable micro-kernels.
+// Headers declare them extern where BD_COMPILED_LIB is defined (docs/architecture.md).
 #include <bd/kernel/cholesky.hpp>
 #include <bd/kernel/flash_attention.hpp>
 #include <bd/kernel/gemm.hpp>

@@ -127,13 +127,12 @@ BD_DEFERRED AttentionLayout linear_layout(const ModelFolder& m, std::string pref
 
 }  // namespace detail
 
-/// The instantiations bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
-/// BD_COMPILED_IO.
+/// The instantiations bd::compiled holds (src/compiled_io.cpp), extern under BD_COMPILED_LIB.
 #define BD_ATTENTION_LAYOUT_INSTANTIATIONS(prefix)                                                                       \
   prefix AttentionLayout detail::linear_layout<>(const ModelFolder&, std::string, nn::AttentionConfig, const std::string&, \
                                                  const std::string&, const std::string&, const std::string&, Eigen::Index, \
                                                  std::optional<nn::Mode>);
-#ifdef BD_COMPILED_IO
+#ifdef BD_COMPILED_LIB
 BD_ATTENTION_LAYOUT_INSTANTIATIONS(extern template)
 #endif
 

@@ -121,12 +121,11 @@ inline bool is_bd_checkpoint(const std::string& path) {
   return format::has_record(m.metadata());
 }
 
-/// The instantiation bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
-/// BD_COMPILED_IO.
+/// The instantiation bd::compiled holds (src/compiled_io.cpp), extern under BD_COMPILED_LIB.
 #define BD_BD_CHECKPOINT_INSTANTIATIONS(prefix) \
   prefix nn::HeadIndices detail::stored_indices<>(const ModelFolder&, const std::string&, std::pair<Eigen::Index, Eigen::Index>, \
                                                   Eigen::Index, Eigen::Index);
-#ifdef BD_COMPILED_IO
+#ifdef BD_COMPILED_LIB
 BD_BD_CHECKPOINT_INSTANTIATIONS(extern template)
 #endif
 

@@ -43,11 +43,10 @@ BD_DEFERRED std::vector<AttentionLayout> bert_layers(const ModelFolder& m, std::
 
 }  // namespace detail
 
-/// The instantiations bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
-/// BD_COMPILED_IO.
+/// The instantiations bd::compiled holds (src/compiled_io.cpp), extern under BD_COMPILED_LIB.
 #define BD_BERT_INSTANTIATIONS(prefix) \
   prefix std::vector<AttentionLayout> detail::bert_layers<>(const ModelFolder&, std::optional<nn::Mode>);
-#ifdef BD_COMPILED_IO
+#ifdef BD_COMPILED_LIB
 BD_BERT_INSTANTIATIONS(extern template)
 #endif
 

@@ -57,11 +57,10 @@ std::vector<nn::MultiHeadAttention<S>> load_attention(const std::string& path, A
   return out;
 }
 
-/// The instantiation bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
-/// BD_COMPILED_IO.
+/// The instantiation bd::compiled holds (src/compiled_io.cpp), extern under BD_COMPILED_LIB.
 #define BD_CHECKPOINT_INSTANTIATIONS(prefix) \
   prefix std::vector<AttentionLayout> attention_layers<>(Arch, const ModelFolder&, std::optional<nn::Mode>);
-#ifdef BD_COMPILED_IO
+#ifdef BD_COMPILED_LIB
 BD_CHECKPOINT_INSTANTIATIONS(extern template)
 #endif
 

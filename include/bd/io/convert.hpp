@@ -430,14 +430,13 @@ BD_DEFERRED ConvertReport convert_checkpoint(const std::string& input_dir, const
   return report;
 }
 
-/// The instantiations bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
-/// BD_COMPILED_IO.
+/// The instantiations bd::compiled holds (src/compiled_io.cpp), extern under BD_COMPILED_LIB.
 #define BD_CONVERT_INSTANTIATIONS(prefix)                                                                           \
   prefix std::vector<unsigned char> detail::kept_bytes<>(const ModelFolder&, const KeptPart&, Storage);           \
   prefix detail::LayerPlan detail::plan_layer<>(const ModelFolder&, const AttentionLayout&, const ConvertOptions&);       \
   prefix ConvertReport convert_checkpoint<>(const std::string&, const std::string&, const ConvertOptions&,          \
                                             const std::function<void(const ConvertProgress&)>&);
-#ifdef BD_COMPILED_IO
+#ifdef BD_COMPILED_LIB
 BD_CONVERT_INSTANTIATIONS(extern template)
 #endif
 

@@ -121,12 +121,11 @@ BD_DEFERRED std::vector<AttentionLayout> gpt2_layers(const ModelFolder& m, std::
 
 }  // namespace detail
 
-/// The instantiations bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
-/// BD_COMPILED_IO.
+/// The instantiations bd::compiled holds (src/compiled_io.cpp), extern under BD_COMPILED_LIB.
 #define BD_GPT2_INSTANTIATIONS(prefix) \
   prefix void detail::gpt2_converted<>(const ModelFolder&, AttentionLayout&, nn::Mode, Eigen::Index); \
   prefix std::vector<AttentionLayout> detail::gpt2_layers<>(const ModelFolder&, std::optional<nn::Mode>);
-#ifdef BD_COMPILED_IO
+#ifdef BD_COMPILED_LIB
 BD_GPT2_INSTANTIATIONS(extern template)
 #endif
 

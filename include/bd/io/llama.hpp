@@ -166,11 +166,10 @@ nn::LlamaModel<S> load_llama(const std::string& dir) {
   });
 }
 
-/// The instantiations bd::compiled holds where bd::io is built (src/compiled_io.cpp), extern under
-/// BD_COMPILED_IO.
+/// The instantiations bd::compiled holds (src/compiled_io.cpp), extern under BD_COMPILED_LIB.
 #define BD_LLAMA_INSTANTIATIONS(prefix) \
   prefix std::vector<AttentionLayout> detail::llama_layers<>(const ModelFolder&, std::optional<nn::Mode>);
-#ifdef BD_COMPILED_IO
+#ifdef BD_COMPILED_LIB
 BD_LLAMA_INSTANTIATIONS(extern template)
 #endif
 

@@ -178,11 +178,11 @@ Eigen::Matrix<typename Derived::Scalar, Eigen::Dynamic, Eigen::Dynamic> semidefi
   return F;
 }
 
-/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.
+/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB.
 #define BD_CHOLESKY_INSTANTIATIONS(prefix) \
   prefix class Cholesky<float>;            \
   prefix class Cholesky<double>;
-#if defined(BD_COMPILED_LIB) || defined(BD_COMPILED_KERNEL)
+#ifdef BD_COMPILED_LIB
 BD_CHOLESKY_INSTANTIATIONS(extern template)
 #endif
 

@@ -134,16 +134,15 @@ void gemm(const GemmArguments<T, S>& a, const Blocking& blk = {}, int threads = 
   detail::gemm_with<true>(a, blk, threads, ws);
 }
 
-/// The instantiations bd::compiled holds (src/compiled_kernel.cpp, its kernel part
-/// bd::compiled_kernel); where BD_COMPILED_LIB or BD_COMPILED_KERNEL is defined (a program
-/// linking either) they are declared extern and compiled nowhere else.
+/// The instantiations bd::compiled holds (src/compiled_kernel.cpp); where BD_COMPILED_LIB is
+/// defined (a program linking it) they are declared extern and compiled nowhere else.
 #define BD_GEMM_INSTANTIATIONS(prefix)                                                              \
   prefix void gemm<float, float>(const GemmArguments<float, float>&, const Blocking&, int, Workspace&);       \
   prefix void gemm<float, Eigen::half>(const GemmArguments<float, Eigen::half>&, const Blocking&, int, Workspace&); \
   prefix void gemm<float, Eigen::bfloat16>(const GemmArguments<float, Eigen::bfloat16>&, const Blocking&, int, Workspace&); \
   prefix void gemm<double, double>(const GemmArguments<double, double>&, const Blocking&, int, Workspace&);   \
   prefix void gemm<double, float>(const GemmArguments<double, float>&, const Blocking&, int, Workspace&);
-#if defined(BD_COMPILED_LIB) || defined(BD_COMPILED_KERNEL)
+#ifdef BD_COMPILED_LIB
 BD_GEMM_INSTANTIATIONS(extern template)
 #endif
 

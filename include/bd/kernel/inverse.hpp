@@ -132,11 +132,11 @@ detail::Dense<T> inverse(const Eigen::LLT<detail::Dense<T>>& llt, Workspace& ws 
   return out;
 }
 
-/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.
+/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB.
 #define BD_INVERSE_INSTANTIATIONS(prefix)                                                                                   \
   prefix void detail::lower_inverse_rows<float>(const float*, Index, Index, Index, bool, float*, Index, float*, Index);       \
   prefix void detail::lower_inverse_rows<double>(const double*, Index, Index, Index, bool, double*, Index, double*, Index);
-#if defined(BD_COMPILED_LIB) || defined(BD_COMPILED_KERNEL)
+#ifdef BD_COMPILED_LIB
 BD_INVERSE_INSTANTIATIONS(extern template)
 #endif
 

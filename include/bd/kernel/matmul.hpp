@@ -314,7 +314,7 @@ Eigen::Matrix<typename DerivedA::Scalar, Eigen::Dynamic, Eigen::Dynamic> matmul(
   return out;
 }
 
-/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.
+/// The instantiations bd::compiled holds (src/compiled_kernel.cpp), extern under BD_COMPILED_LIB.
 #define BD_MATMUL_INSTANTIATIONS(prefix)                                                                                      \
   prefix void detail::product_small<float>(const detail::Operand<float>&, const detail::Operand<float>&, Index, Index, Index,   \
                                            float*, Index, bool, Workspace&);                                                 \
@@ -324,7 +324,7 @@ Eigen::Matrix<typename DerivedA::Scalar, Eigen::Dynamic, Eigen::Dynamic> matmul(
                                                float*, Index, bool, bool, Workspace&);                                       \
   prefix void detail::product_on_kernel<double>(const detail::Operand<double>&, const detail::Operand<double>&, Index, Index,    \
                                                 Index, double*, Index, bool, bool, Workspace&);
-#if defined(BD_COMPILED_LIB) || defined(BD_COMPILED_KERNEL)
+#ifdef BD_COMPILED_LIB
 BD_MATMUL_INSTANTIATIONS(extern template)
 #endif
 

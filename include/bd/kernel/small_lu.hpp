@@ -166,11 +166,11 @@ BD_UNROLL(4)
 };
 
 /// The instantiations bd::compiled holds (src/compiled_kernel.cpp): every member but the
-/// templates on the caller's expressions; extern under BD_COMPILED_LIB or BD_COMPILED_KERNEL.
+/// templates on the caller's expressions; extern under BD_COMPILED_LIB.
 #define BD_SMALL_LU_INSTANTIATIONS(prefix) \
   prefix class SmallLU<float>;             \
   prefix class SmallLU<double>;
-#if defined(BD_COMPILED_LIB) || defined(BD_COMPILED_KERNEL)
+#ifdef BD_COMPILED_LIB
 BD_SMALL_LU_INSTANTIATIONS(extern template)
 #endif
 
