@@ -2,7 +2,8 @@
 # Installs with apt-get the Debian 12 packages bd needs for one purpose, only when missing.
 #   tools/install-deps.sh demo   compiler, CMake, Eigen, nlohmann-json
 #   tools/install-deps.sh test   + Ninja (tools/test.sh's builds), Catch2, Google Benchmark, nlohmann-json,
-#                                OpenBLAS, clang (fuzzing), PyTorch (libtorch-dev, python3-torch) and pytest for
+#                                OpenBLAS, clang and its OpenMP (the header-only, sanitizer and fuzzing builds),
+#                                PyTorch (libtorch-dev, python3-torch) and pytest for
 #                                the PyTorch extension
 #   tools/install-deps.sh bench  what `test` needs + python3-matplotlib (bench/report's plot), BLIS
 #                                (a second dense baseline in bd_bench) and oneDNN (the bf16 anchor)
@@ -14,12 +15,12 @@ purpose=${1:-test}
 packages=(g++ make cmake libeigen3-dev)
 case "$purpose" in
   demo) packages+=(nlohmann-json3-dev) ;;
-  test) packages+=(ninja-build catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3
+  test) packages+=(ninja-build catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev libomp-dev python3
                    libtorch-dev python3-torch python3-pytest) ;;
-  bench) packages+=(ninja-build catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3
+  bench) packages+=(ninja-build catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev libomp-dev python3
                     libtorch-dev python3-torch python3-pytest
                     python3-matplotlib libblis-openmp-dev libdnnl-dev) ;;
-  train) packages+=(ninja-build catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev python3
+  train) packages+=(ninja-build catch2 libbenchmark-dev nlohmann-json3-dev libopenblas-dev clang libclang-rt-14-dev libomp-dev python3
                     libtorch-dev python3-torch python3-pytest
                     python3-matplotlib bible-kjv bible-kjv-text) ;;
   *) echo "usage: $0 demo|test|bench|train" >&2; exit 2 ;;

@@ -4,17 +4,20 @@
 #      and its pytest suite where Torch is installed), -Wall -Wextra -Werror,
 #      with no -march: the x86-64 baseline a user's program gets (the kernels choose AVX-512, AVX2
 #      or portable code when they run, and the kernel tests force each path the CPU has);
-#   2. the kernel tests again with -march=x86-64-v4, where Eigen and the compiler use AVX-512
-#      throughout: compiled on every machine, so one without AVX-512 still catches what breaks
-#      there; run only where the CPU has AVX-512. They link bd::compiled_kernel, the kernel's
-#      part of the compiled mode, so this build compiles no preparation or io instantiation. (The operator tests and the benchmarks left this
-#      step when every operator's product moved onto the dispatched kernel, whose every ISA path
-#      step 1 already tests: compiling them a second time cost about 8 of CI's 56 minutes.)
+#   2. the route the README shows first, header-only (bd::bd, no bd::compiled), with clang and
+#      -march=x86-64-v4: the kernel tests and three examples (quickstart: decomposition;
+#      attention_layer: the layers and flash attention; deepseek_demo: every public header through
+#      bd/bd.hpp), so what the compiled mode's extern templates would hide, and what only clang
+#      reports, fails here. x86-64-v4 makes Eigen and the compiler use AVX-512 throughout: compiled
+#      on every machine, so one without AVX-512 still catches what breaks there; the kernel tests
+#      run only where the CPU has AVX-512. (The nn tests header-only cost 90-100 s a file under the
+#      sanitizers, ~15 minutes: the examples are the header-only check of nn and io.)
 #   3. the tests of the code that does its own pointer arithmetic — the packed GEMM kernel (every
 #      path the CPU has), the operators on it (nn) and the safetensors reader/writer (io) — again
-#      under AddressSanitizer + UndefinedBehaviorSanitizer (-O1 -g1: line tables only, which keeps
-#      the Eigen-heavy builds affordable on 2 cores). The decomposition tests (core) are Eigen
-#      expressions end to end and the real-model tests repeat nn's paths at scale: step 1 only;
+#      under AddressSanitizer + UndefinedBehaviorSanitizer, compiled by clang (two thirds of g++'s
+#      time on these files; step 1 is g++'s) at -O1 -g1 (line tables only). The decomposition tests
+#      (core) are Eigen expressions end to end and the real-model tests repeat nn's paths at scale:
+#      step 1 only;
 #   4. the safetensors parser under libFuzzer (clang) for BD_FUZZ_SECONDS (60) from the seed corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,19 +42,19 @@ cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 done_step "1 (Release build and ctest)"
 
-configure -B build-v4 -S . -DCMAKE_BUILD_TYPE=Release -DBD_MARCH=x86-64-v4 -DBD_WITH_CUDA=OFF -DBD_BUILD_EXAMPLES=OFF \
-  -DBD_BUILD_TOOLS=OFF
-cmake --build build-v4 -j"$jobs" --target bd_kernel_tests
+configure -B build-v4 -S . -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Release -DBD_MARCH=x86-64-v4 \
+  -DBD_BUILD_COMPILED=OFF -DBD_WITH_CUDA=OFF -DBD_BUILD_TOOLS=OFF -DBD_BUILD_BENCHMARKS=OFF -DBD_WITH_TORCH=OFF
+cmake --build build-v4 -j"$jobs" --target bd_kernel_tests quickstart attention_layer deepseek_demo
 if grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512dq /proc/cpuinfo \
    && grep -qw avx512vl /proc/cpuinfo; then
   ctest --test-dir build-v4 --output-on-failure -j"$jobs" -L kernel
 else
   echo "bd: this CPU lacks AVX-512: the x86-64-v4 build was compiled, not run"
 fi
-done_step "2 (x86-64-v4 kernel tests)"
+done_step "2 (header-only clang x86-64-v4 kernel tests and examples)"
 
 sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-configure -B build-asan -S . -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_BUILD_BENCHMARKS=OFF -DBD_BUILD_EXAMPLES=OFF -DBD_WITH_CUDA=OFF \
+configure -B build-asan -S . -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBD_BUILD_BENCHMARKS=OFF -DBD_BUILD_EXAMPLES=OFF -DBD_WITH_CUDA=OFF \
   -DBD_BUILD_TOOLS=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="$sanitize" \
   -DCMAKE_EXE_LINKER_FLAGS="$sanitize"
 cmake --build build-asan -j"$jobs" --target bd_sanitized_tests
