@@ -406,9 +406,10 @@ TEST_CASE("keys stored in bf16 give the bits of the same values in float, on eve
     const Eigen::MatrixXf Q = bd_test::gaussian(s.Lq, s.n_q * s.d_qk, 1).cast<float>();
     const Eigen::MatrixXf Qr = bd_test::gaussian(s.Lq, s.n_q * s.d_rope, 2).cast<float>();
     const auto stored = [&](Index cols, unsigned seed) {  // bf16 values, NaN in the spare rows
-      Eigen::Matrix<Eigen::bfloat16, Eigen::Dynamic, Eigen::Dynamic> X(ld, cols);
+      // NaN everywhere, then the keys: no bottom block of an empty matrix (an offset from null data)
+      using Bf16Matrix = Eigen::Matrix<Eigen::bfloat16, Eigen::Dynamic, Eigen::Dynamic>;
+      Bf16Matrix X = Bf16Matrix::Constant(ld, cols, Eigen::bfloat16(std::numeric_limits<float>::quiet_NaN()));
       X.topRows(s.Lk) = bd_test::gaussian(s.Lk, cols, seed).cast<float>().cast<Eigen::bfloat16>();
-      X.bottomRows(s.pad).setConstant(Eigen::bfloat16(std::numeric_limits<float>::quiet_NaN()));
       return X;
     };
     const auto K16 = stored(s.n_k * s.d_qk, 3), Kr16 = stored(s.d_rope, 4);
