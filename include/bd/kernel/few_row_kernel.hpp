@@ -29,9 +29,10 @@ struct FewRowKernel {
   /// row deeper than `row_walk` bytes is read four columns per load (Tuning::row_walk).
   void (*dot_columns)(Index count, const T* rows, Index depth, const T* b, Index ldb, Index columns, T* result,
                       Index row_walk) = nullptr;
-  /// dot_columns with B stored in bfloat16, read where it lies (float only; null otherwise).
+  /// dot_columns with B stored in bfloat16, read where it lies, one deep row's columns asked for
+  /// `ahead` values before their loads (float only; null otherwise).
   void (*dot_columns_bf16)(Index count, const T* rows, Index depth, const Eigen::bfloat16* b, Index ldb, Index columns,
-                           T* result, Index row_walk) = nullptr;
+                           T* result, Index row_walk, Index ahead) = nullptr;
 };
 
 /// Kernel's FewRowKernel, built on first use (once per instruction set and scalar type).

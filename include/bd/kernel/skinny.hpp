@@ -77,6 +77,11 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
   constexpr Index max_width = skinny_max_width;
   const Index width = std::min(max_width, by_rows ? context.tuning.skinny_run : context.tuning.skinny_group);
   const Index row_walk = context.tuning.row_walk, ahead = context.tuning.stream_prefetch / Index(sizeof(T));
+  // A bfloat16 B read in place is asked for as far ahead in bytes as the few-row attention's
+  // streams: its loads widen as they go, and the hardware prefetcher alone left it well below a
+  // float B's rate (docs/benchmarks.md, "bf16 weights prefetched"); a float B is not (see
+  // micro_kernel_simd.inc).
+  const Index bf16_ahead = context.tuning.stream_prefetch / Index(sizeof(Eigen::bfloat16));
   const Index L = a.rows;
   // X's rows gathered per segment, each row contiguous over the segment's channels; and the
   // work as groups of up to `width` neighbouring columns of one segment.
@@ -161,7 +166,8 @@ void gemm_skinny(const GemmArguments<T, S>& a, int threads, const FewRowKernel<T
       b = buffer;
     }
     if (!by_rows) {
-      if constexpr (bf16_in_place) kernel.dot_columns_bf16(L, rows, seg.depth, source, a.ldb, group.count, dots, row_walk);
+      if constexpr (bf16_in_place)
+        kernel.dot_columns_bf16(L, rows, seg.depth, source, a.ldb, group.count, dots, row_walk, bf16_ahead);
       else kernel.dot_columns(L, rows, seg.depth, b, ldb, group.count, dots, row_walk);
     } else if (seg.depth > 0) {
       kernel.column_scores(L, group.count, seg.depth, b, ldb, rows, L, dots, width, true, ahead);
