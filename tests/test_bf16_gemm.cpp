@@ -162,6 +162,55 @@ TEST_CASE("bf16 gemm: no blocking moves a bit (pairs never straddle two passes)"
   });
 }
 
+TEST_CASE("bf16 gemm: segments give each its own product's bits however their channels pair", "[kernel][bf16]") {
+  // Three segments (a layer's heads) of depth 37 (an odd last half) over X's 41 channels: the
+  // second pairs its channels as the first does, the third either starts pairs on the others'
+  // seconds (pairs that coexist) or pairs a channel with another partner than the first does
+  // (pairs that cannot share a copy). Every segment's outputs equal its product alone, bit for
+  // bit, on every path, and the double product of the rounded operands within the sum's bound.
+  const Index L = 70, K = 37, C = 41;
+  const Index widths[3] = {13, 26, 9};
+  const MatrixXf x = bd_test::gaussian(L, C, 21).cast<float>();
+  const MatrixXf b = bd_test::gaussian(K, 48, 22).cast<float>();
+  std::vector<Index> first(K), shifted(K), crossed(K);
+  std::iota(first.begin(), first.end(), Index(2));                                       // 2, 3, …: pairs (2, 3), (4, 5), …
+  std::iota(shifted.begin(), shifted.end(), Index(3));                                   // (3, 4), (5, 6), …
+  const Index swap[4] = {0, 2, 1, 3};
+  for (Index k = 0; k < K; ++k) crossed[std::size_t(k)] = 2 + k / 4 * 4 + swap[k % 4];  // (2, 4), (3, 5), …
+  for (const auto* third : {&shifted, &crossed}) {
+    const std::vector<Index>* lists[3] = {&first, &first, third};
+    MatrixXf out(L, 48);
+    bd::kernel::GemmArguments<float, float> a;
+    a.rows = L, a.x = x.data(), a.ldx = L, a.b = b.data(), a.ldb = K, a.out = out.data(), a.ldo = L;
+    for (Index s = 0, c0 = 0; s < 3; c0 += widths[s], ++s) a.segments.push_back({lists[s]->data(), K, c0, widths[s]});
+    a.compute = Compute::BF16;
+    INFO((third == &shifted ? "pairs that coexist" : "pairs that cannot share a copy"));
+    std::vector<MatrixXf> all;
+    bd_test::for_each_bf16_path([&] {
+      bd::kernel::gemm(a);
+      for (Index s = 0, c0 = 0; s < 3; c0 += widths[s], ++s) {
+        MatrixXf alone(L, widths[s]);
+        bd::kernel::GemmArguments<float, float> one = a;
+        one.b = b.data() + c0 * K, one.out = alone.data(), one.segments = {};
+        one.segments.push_back({lists[s]->data(), K, 0, widths[s]});
+        bd::kernel::gemm(one);
+        CHECK(out.middleCols(c0, widths[s]) == alone);
+        MatrixXd exact = MatrixXd::Zero(L, widths[s]), magnitude = exact;
+        for (Index j = 0; j < widths[s]; ++j)
+          for (Index k = 0; k < K; ++k)
+            for (Index i = 0; i < L; ++i) {
+              const double p = double(bf16_rounded(x(i, (*lists[s])[std::size_t(k)]))) * bf16_rounded(b(k, c0 + j));
+              exact(i, j) += p, magnitude(i, j) += std::abs(p);
+            }
+        const MatrixXd excess = (alone.cast<double>() - exact).cwiseAbs() - (double(K) + 1) * std::ldexp(1.0, -24) * magnitude;
+        CHECK(excess.maxCoeff<Eigen::PropagateNaN>() <= 0.0);
+      }
+      all.push_back(out);
+    });
+    for (const MatrixXf& other : all) CHECK(other == all.front());
+  }
+}
+
 TEST_CASE("bf16 gemm: a product that cannot compute in bf16 is refused by name", "[kernel][bf16]") {
   MatrixXd x = MatrixXd::Ones(8, 4), b = MatrixXd::Ones(4, 3), out(8, 3);
   std::vector<Index> channels{0, 1, 2, 3};

@@ -79,10 +79,10 @@ void gemm_with(const GemmArguments<T, S>& a, const Blocking& blk, int threads, W
           throw RangeError("bd::kernel::gemm: bf16 compute reads X column-major (a layer's activations); this X is row-major");
         // X's channels rounded once into a compact copy that the packing reads (RoundedInput).
         const Packing packing = context.bf16_method() == Bf16Method::Dot ? Packing::Pairs : Packing::Rounded;
-        const PackedKernel<T, S>& kernel = on_active_kernel<T>(
-            [packing](auto k) -> decltype(auto) { return bf16_packed_kernel<decltype(k), T, S>(packing); });
         GemmArguments<T, S> rounded;
-        round_input(a, threads, ws.local<RoundedInput<T>>(), rounded);
+        const bool paired = round_input(a, threads, packing == Packing::Pairs, ws.local<RoundedInput<T>>(), rounded);
+        const PackedKernel<T, S>& kernel = on_active_kernel<T>(
+            [packing, paired](auto k) -> decltype(auto) { return bf16_packed_kernel<decltype(k), T, S>(packing, paired); });
         return gemm_packed(a, rounded, total, blk, threads, kernel, context, ws);
       }
     }

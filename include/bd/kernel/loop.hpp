@@ -118,10 +118,11 @@ const PackedKernel<T, S>& packed_kernel() {
 
 /// The same for bf16 compute (T float, B stored in float or bfloat16), packing its operands as
 /// `packing` says: rounded floats for the f32 tile, or pairs for vdpbf16ps where the kernel has it
-/// (the caller asks for pairs only there). Its own function, so that a program that never asks
-/// for bf16 compiles none of it.
+/// (the caller asks for pairs only there), A from a copy of X whose columns are pairs already
+/// where `paired` (RoundedInput). Its own function, so that a program that never asks for bf16
+/// compiles none of it.
 template <typename Kernel, typename T, typename S>
-const PackedKernel<T, S>& bf16_packed_kernel(Packing packing) {
+const PackedKernel<T, S>& bf16_packed_kernel(Packing packing, bool paired) {
   static const PackedKernel<T, S> rounded = [] {
     PackedKernel<T, S> k = packed_kernel<Kernel, T, S>();
     k.packing = Packing::Rounded;
@@ -138,26 +139,56 @@ const PackedKernel<T, S>& bf16_packed_kernel(Packing packing) {
       k.pack_b = &pack_bf16_b<Kernel::nr, Packing::Pairs, T, S>;
       return k;
     }();
-    if (packing == Packing::Pairs) return pairs;
+    static const PackedKernel<T, S> from_pairs = [] {
+      PackedKernel<T, S> k = pairs;
+      k.pack_a = &pack_bf16_a<Kernel::mr, Packing::Pairs, T, S, true>;
+      return k;
+    }();
+    if (packing == Packing::Pairs) return paired ? from_pairs : pairs;
   }
   return rounded;
 }
 
-/// bf16 compute: the channels of X that the segments read, rounded to bfloat16 once per product
-/// (each distinct channel once, as floats whose low halves are zero), column-major, with each
-/// segment's list remapped to them: what pack_bf16_a reads instead of X. X itself keeps serving
-/// the start values (BD's basis channels are added unrounded).
+/// bf16 compute: the channels of X that the segments read, rounded to bfloat16 once per product,
+/// column-major, with each segment's list remapped to the copy's columns: what pack_bf16_a reads
+/// instead of X. X itself keeps serving the start values (BD's basis channels are added unrounded).
+/// For the Pairs packing, where every segment pairs its channels alike (channels 2t and 2t + 1 of
+/// its list; one list, or lists that agree pair by pair), a column holds a pair as vdpbf16ps reads
+/// it, channel 2t in each word's low half: packing then copies one column a step, not two merged
+/// (a thread packs its rows once per column block). Otherwise a column holds one channel as a float
+/// whose low half is zero.
 template <typename T>
 struct RoundedInput {
   ScratchBuffer<T> values;
-  ScratchBuffer<Index> where;     ///< X's channel → its column in values (−1: not read)
+  ScratchBuffer<Index> where;     ///< X's channel → its column in values (−1: not read); paired: its pair's
+  ScratchBuffer<Index> partner;   ///< paired: the channel whose pair a channel starts (−1: none, a last half)
   ScratchBuffer<Index> channels;  ///< every segment's list, remapped, one after another
   ScratchBuffer<Segment> segments;
 };
 
-/// The packing's view of X for bf16 compute: x at the rounded copy, the segments remapped.
+/// Fills where (−1 on entry), partner and channels with each segment's pairs (channels 2t, 2t + 1
+/// of its list) as columns of the copy, one per distinct pair; false, leaving them unusable, where
+/// one channel starts two different pairs. Returns the columns in `used`.
+inline bool list_pairs(const SegmentList& segments, Index* where, Index* partner, Index* channels, Index& used) {
+  used = 0;
+  Index at = 0;
+  for (const Segment& seg : segments) {
+    for (Index k = 0; k < seg.depth; k += 2) {
+      const Index first = seg.channels[k], second = k + 1 < seg.depth ? seg.channels[k + 1] : -1;
+      if (where[first] < 0) where[first] = used++, partner[first] = second;
+      else if (partner[first] != second) return false;
+      channels[at++] = where[first];
+      if (second >= 0) channels[at++] = where[first];
+    }
+  }
+  return true;
+}
+
+/// The packing's view of X for bf16 compute: x at the rounded copy, the segments remapped. Returns
+/// whether its columns are pairs (RoundedInput); `pairs`: the product packs Packing::Pairs.
 template <typename T, typename S>
-void round_input(const GemmArguments<T, S>& a, int threads, RoundedInput<T>& scratch, GemmArguments<T, S>& packing) {
+bool round_input(const GemmArguments<T, S>& a, int threads, bool pairs, RoundedInput<T>& scratch,
+                 GemmArguments<T, S>& packing) {
   Index highest = -1, depth = 0;
   for (const Segment& seg : a.segments) {
     depth += seg.depth;
@@ -166,31 +197,46 @@ void round_input(const GemmArguments<T, S>& a, int threads, RoundedInput<T>& scr
   Index* const where = scratch.where.reserve(static_cast<std::size_t>(highest + 1));
   std::fill(where, where + highest + 1, Index(-1));
   Index* const channels = scratch.channels.reserve(static_cast<std::size_t>(std::max<Index>(1, depth)));
-  Segment* const segments = scratch.segments.reserve(a.segments.size());
-  Index used = 0, at = 0;
-  for (std::size_t s = 0; s < a.segments.size(); ++s) {
-    const Segment& seg = a.segments[s];
-    segments[s] = seg, segments[s].channels = channels + at;
-    for (Index k = 0; k < seg.depth; ++k) {
-      Index& column = where[seg.channels[k]];
-      if (column < 0) column = used++;
-      channels[at++] = column;
-    }
+  Index* const partner = pairs ? scratch.partner.reserve(static_cast<std::size_t>(highest + 1)) : nullptr;
+  Index used = 0;
+  const bool paired = pairs && list_pairs(a.segments, where, partner, channels, used);
+  if (!paired) {
+    std::fill(where, where + highest + 1, Index(-1));
+    used = 0;
+    Index at = 0;
+    for (const Segment& seg : a.segments)
+      for (Index k = 0; k < seg.depth; ++k) {
+        Index& column = where[seg.channels[k]];
+        if (column < 0) column = used++;
+        channels[at++] = column;
+      }
   }
+  Segment* const segments = scratch.segments.reserve(a.segments.size());
+  for (std::size_t s = 0, at = 0; s < a.segments.size(); at += static_cast<std::size_t>(a.segments[s].depth), ++s)
+    segments[s] = a.segments[s], segments[s].channels = channels + at;
   const Index L = a.rows;
   T* const values = scratch.values.reserve(static_cast<std::size_t>(std::max<Index>(1, L * used)));
+  const auto channel = [&](Index c) { return reinterpret_cast<const PackedWord*>(a.x + c * a.ldx); };
   (void)threads;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && L * used >= (Index(1) << 16))
 #endif
   for (Index c = 0; c <= highest; ++c) {
     if (where[c] < 0) continue;
-    const PackedWord* from = reinterpret_cast<const PackedWord*>(a.x + c * a.ldx);
     PackedWord* to = reinterpret_cast<PackedWord*>(values + where[c] * L);
-    for (Index i = 0; i < L; ++i) to[i] = bf16_upper(from[i]);
+    const PackedWord* lo = channel(c);
+    if (!paired) {
+      for (Index i = 0; i < L; ++i) to[i] = bf16_upper(lo[i]);
+    } else if (partner[c] < 0) {
+      for (Index i = 0; i < L; ++i) to[i] = bf16_upper(lo[i]) >> 16;
+    } else {
+      const PackedWord* hi = channel(partner[c]);
+      for (Index i = 0; i < L; ++i) to[i] = bf16_upper(hi[i]) | bf16_upper(lo[i]) >> 16;
+    }
   }
   packing.rows = L, packing.x = values, packing.ldx = L, packing.x_row_major = false;
   packing.segments.view(segments, a.segments.size());
+  return paired;
 }
 
 /// Packs pass `p` of B for every piece of a block, one after the other (see pack_b).

@@ -269,10 +269,12 @@ inline void round_panel(float* panel, Index lanes, Index kn) {
 /// pack_a for bf16 compute (T float) from X's channels already rounded to bfloat16 (a column-major
 /// copy, loop.hpp's RoundedInput: a thread packs its rows once per column block, and rounding
 /// them each time cost more than the packing): rows [r0, r0 + m) of the segment's channels
-/// [k0, k0 + kn) as MR-row panels of packed_depth(P, kn) k-steps, zero rows past m.
-template <Index MR, Packing P, typename T, typename S>
+/// [k0, k0 + kn) as MR-row panels of packed_depth(P, kn) k-steps, zero rows past m. `Paired`: the
+/// copy's columns are Pairs' words already, channel k0 + 2t's list entry naming pair t's column.
+template <Index MR, Packing P, typename T, typename S, bool Paired = false>
 void pack_bf16_a(const GemmArguments<T, S>& a, const Segment& seg, Index r0, Index m, Index k0, Index kn, T* packed) {
-  static_assert(std::is_same_v<T, float> && P != Packing::Plain, "bf16 packing: float arithmetic");
+  static_assert(std::is_same_v<T, float> && P != Packing::Plain && (!Paired || P == Packing::Pairs),
+                "bf16 packing: float arithmetic; paired columns for Pairs");
   assert(!a.x_row_major);
   const Index steps = packed_depth(P, kn);
   const auto column = [&](Index k) -> const PackedWord* {
@@ -283,7 +285,10 @@ void pack_bf16_a(const GemmArguments<T, S>& a, const Segment& seg, Index r0, Ind
     const Index mi = std::min(MR, m - i0), row0 = r0 + i0;
     for (Index k = 0; k < steps; ++k) {
       PackedWord* to = panel + k * MR;
-      if constexpr (P == Packing::Rounded) {  // the pair's other channel: k ^ 1
+      if constexpr (Paired) {
+        const PackedWord* from = column(2 * k) + row0;
+        std::copy(from, from + mi, to);
+      } else if constexpr (P == Packing::Rounded) {  // the pair's other channel: k ^ 1
         if (const PackedWord* from = column(k ^ 1)) std::copy(from + row0, from + row0 + mi, to);
         else std::fill(to, to + mi, 0u);
       } else {  // channel 2k in the low half, 2k + 1 in the high half
