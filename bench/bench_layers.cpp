@@ -26,6 +26,9 @@
 //                                turn within one benchmark (interleaved.hpp): medians and ratios
 //                                from the same seconds of the machine, and paired_speedup (the
 //                                median of each iteration's faster twin over its BD call).
+//   linear/interleaved_bf16/<shape>  BDLinear and its low-rank twin on bd's kernel, both stored
+//                                in bf16 and computing in bf16, and BDLinear in f32, in turn:
+//                                BD's share of its theory in bf16, and bf16 against f32.
 //
 // The attention layer is DeepSeek-V3's MLA at full size except its query LoRA (queries straight
 // from x, decoded with the per-head K'/V' cache; bench_mla.cpp runs V3 as it is served, with the
@@ -497,6 +500,35 @@ void linear_interleaved(benchmark::State& state, const LinearShape& s) {
   state.counters["rank"] = double(s.rank());
 }
 
+/// linear/interleaved_bf16/<shape>: BDLinear and LowRankLinear stored in bf16 and computing in
+/// bf16 (from the same factors as linear_layers'), and the f32 BDLinear, one call each per
+/// iteration in balanced orders.
+void linear_interleaved_bf16(benchmark::State& state, const LinearShape& s) {
+  using Bf16 = Eigen::bfloat16;
+  const LinearLayers& f32 = linear_layers(s);
+  bd::nn::LowRankLinear<Bf16> low_rank(f32.low_rank.U().cast<Bf16>(), Eigen::MatrixXf(f32.low_rank.V()).cast<Bf16>());
+  bd::Options opts;
+  opts.basis = bd::Basis::First;
+  bd::nn::BDLinear<Bf16> bd_layer = bd::nn::BDLinear<Bf16>::from_low_rank(f32.low_rank, opts);
+  low_rank.set_compute(bd::kernel::Compute::BF16), bd_layer.set_compute(bd::kernel::Compute::BF16);
+  LinearRun run(s);
+  const std::vector<std::function<void()>> calls{[&] { bd_layer.forward_into(run.x, run.y); },
+                                                 [&] { low_rank.forward_into(run.x, run.y); },
+                                                 [&] { f32.bd.forward_into(run.x, run.y); }};
+  for (const auto& call : calls) call();  // warm: each layer's workspace
+  std::vector<std::vector<double>> seconds;
+  const std::vector<double> t = bd_bench::time_interleaved(state, calls, {}, &seconds);
+  const LinearFlops f(s);
+  state.counters["bd_bf16_ms"] = t[0] * 1e3;
+  state.counters["lowrank_bf16_ms"] = t[1] * 1e3;
+  state.counters["bd_f32_ms"] = t[2] * 1e3;
+  state.counters["speedup"] = t[1] / t[0];
+  state.counters["theoretical_ratio"] = f.low / f.bd;
+  state.counters["share_of_theory"] = t[1] / t[0] / (f.low / f.bd);
+  state.counters["paired_share_of_theory"] = bd_bench::paired_ratio(seconds[1], seconds[0]) / (f.low / f.bd);
+  state.counters["paired_bf16_vs_f32"] = bd_bench::paired_ratio(seconds[2], seconds[0]);
+}
+
 int register_all() {
   for (const bool bd : {false, true}) {
     const std::string name = bd ? "bda" : "mha";
@@ -533,6 +565,9 @@ int register_all() {
           ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
     benchmark::RegisterBenchmark(("linear/interleaved/" + s.name()).c_str(),
                                  [s](benchmark::State& st) { linear_interleaved(st, s); })
+        ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(4.0);
+    benchmark::RegisterBenchmark(("linear/interleaved_bf16/" + s.name()).c_str(),
+                                 [s](benchmark::State& st) { linear_interleaved_bf16(st, s); })
         ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(4.0);
     // The BD_CPU sweep: BDLinear on each instruction set this CPU runs.
     for (bd::kernel::Isa isa : {bd::kernel::Isa::Portable, bd::kernel::Isa::AVX2, bd::kernel::Isa::AVX512}) {
