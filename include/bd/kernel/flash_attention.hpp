@@ -247,6 +247,18 @@ void pack_rounded_value_panels(const AttentionArguments<T>& a, Index vh, Index k
   for (Index c0 = 0; c0 < a.d_v; c0 += NR) round_panel(vp + c0 * steps, NR, bk);
 }
 
+/// body(c, second) for each pair of a key block's channels (c, c + 1), c even (second: c + 1 is
+/// a channel), after asking for the runs `ahead` channels on: the key packings by pairs below.
+template <typename T, typename Body>
+void for_each_key_pair(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, Index ahead, Body&& body) {
+  const Index D = a.d_qk + a.d_rope;
+  for (Index c = 0; c < D; c += 2) {
+    if (ahead)
+      for (Index e = c + ahead; e < std::min(D, c + ahead + 2); ++e) prefetch_key_run(a, kh, k0, e, bk);
+    body(c, c + 1 < D);
+  }
+}
+
 /// The same key panels where the kernel rounds in vector registers (has_rounding): each pair of
 /// channels read once and written rounded, swapped into place (Kernel::round_channels), instead
 /// of packed and then rounded in a second pass. Keys stored in bfloat16 take the widening pack.
@@ -254,13 +266,10 @@ template <typename Kernel, typename T>
 void pack_rounded_key_pairs(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) {
   constexpr Index NR = Kernel::nr;
   if (value_runs_bf16(a)) return pack_rounded_key_panels<NR>(a, kh, k0, bk, kp, steps, ahead);
-  const Index D = a.d_qk + a.d_rope;
-  for (Index c = 0; c < D; c += 2) {
-    if (ahead)
-      for (Index e = c + ahead; e < std::min(D, c + ahead + 2); ++e) prefetch_key_run(a, kh, k0, e, bk);
-    Kernel::round_channels(key_run(a, kh, k0, c), c + 1 < D ? key_run(a, kh, k0, c + 1) : nullptr, bk, NR, kp + c * NR,
+  for_each_key_pair(a, kh, k0, bk, ahead, [&](Index c, bool second) {
+    Kernel::round_channels(key_run(a, kh, k0, c), second ? key_run(a, kh, k0, c + 1) : nullptr, bk, NR, kp + c * NR,
                            NR * steps);
-  }
+  });
 }
 
 /// For vdpbf16ps (Packing::Pairs): a key block's keys as NR-key panels of bf16 pairs of channels,
@@ -269,17 +278,15 @@ void pack_rounded_key_pairs(const AttentionArguments<T>& a, Index kh, Index k0, 
 template <typename Kernel, typename T>
 void pack_key_pairs(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) {
   constexpr Index NR = Kernel::nr;
-  const Index D = a.d_qk + a.d_rope;
-  for (Index c = 0; c < D; c += 2) {
-    if (ahead)
-      for (Index e = c + ahead; e < std::min(D, c + ahead + 2); ++e) prefetch_key_run(a, kh, k0, e, bk);
+  const bool stored_bf16 = value_runs_bf16(a);
+  for_each_key_pair(a, kh, k0, bk, ahead, [&](Index c, bool second) {
     T* const to = kp + c / 2 * NR;
-    if (value_runs_bf16(a))
-      Kernel::pair_channels(key_run_bf16(a, kh, k0, c), c + 1 < D ? key_run_bf16(a, kh, k0, c + 1) : nullptr, bk, NR, to,
+    if (stored_bf16)
+      Kernel::pair_channels(key_run_bf16(a, kh, k0, c), second ? key_run_bf16(a, kh, k0, c + 1) : nullptr, bk, NR, to,
                             NR * steps);
     else
-      Kernel::pair_channels(key_run(a, kh, k0, c), c + 1 < D ? key_run(a, kh, k0, c + 1) : nullptr, bk, NR, to, NR * steps);
-  }
+      Kernel::pair_channels(key_run(a, kh, k0, c), second ? key_run(a, kh, k0, c + 1) : nullptr, bk, NR, to, NR * steps);
+  });
 }
 
 /// For vdpbf16ps: a key block's values as NR-channel panels of bf16 pairs of keys,
