@@ -4,7 +4,7 @@
     fast = bd_torch.BDLinear.from_low_rank(U, V, bias)              # W = U·Vᵀ, exactly
     attn = bd_torch.BDAttention.from_llama(q_proj, k_proj, v_proj, o_proj,
                                            n_heads=32, n_kv_heads=8, rope_theta=10000.0)
-    y = attn(x)                                                      # x: tokens × hidden, float32
+    y = attn(x)                                        # x: tokens × hidden, float32 or bfloat16
 
 The layers are TorchScript classes of the compiled extension (torch.classes.bd.*), wrapped here as
 torch.nn.Modules. They compute inference: an input that requires a gradient is refused rather

@@ -8,7 +8,10 @@
 // result here is); a row-major block of tokens is transposed once into bd's order (L·d values,
 // against the L·d·n multiply-adds of the projection that reads it), and counted
 // (torch.ops.bd.transposed_inputs()). Results are bd's own matrices handed to torch, not copied,
-// and the tensors a layer exposes (basis, coefficients) are views of its storage.
+// and the tensors a layer exposes (basis, coefficients) are views of its storage. A bfloat16 or
+// float16 activation is widened once into bd's order (exactly) and its result rounded once back
+// into its type, as torch's layers return it; how the product is computed is the layer's
+// set_compute, not the input's type.
 //
 // Weights may come in any floating type and layout: preparation reads them once, in double.
 // Checkpoints go through bd::io: convert() is bd-convert's conversion, Attention.load reads a
@@ -66,25 +69,48 @@ void require_matrix(const at::Tensor& t, const std::string& what) {
     throw bd::ShapeError(message("bd_torch: ", what, " has ", t.dim(), " dimensions; expected a matrix (rows × columns)"));
 }
 
-/// A float activation as bd reads it: in place when column-major (or a single row), else transposed
-/// once into `keep`. Refuses other dtypes (bd's activations are float) and strides that are unit
-/// along neither dimension.
+/// Float scratch of the calling thread in bd's default Workspace, one per use (below), kept between
+/// calls: a fresh buffer for a large activation or result costs its page faults on every call, as
+/// much as the product at DeepSeek's key projection.
+struct HalfInputScratch {  ///< a half-precision activation widened into bd's order
+  std::vector<float> values;
+};
+struct HalfResultScratch {  ///< a half-precision activation's result before it is rounded
+  std::vector<float> values;
+};
+
+/// At least `size` floats of the calling thread's Scratch.
+template <typename Scratch>
+float* thread_floats(Index size) {
+  std::vector<float>& values = bd::default_workspace().local<Scratch>().values;
+  const std::size_t need = static_cast<std::size_t>(std::max<Index>(1, size));
+  if (values.size() < need) values.resize(need);
+  return values.data();
+}
+
+/// An activation as bd reads it: float32 in place when column-major (or a single row), else
+/// transposed once into `keep`; bfloat16 and float16 widened once (exactly: every such value is a
+/// float) into the thread's HalfInputScratch in bd's order, `keep` viewing it. Refuses other
+/// dtypes and strides that are unit along neither dimension.
 View activation(const at::Tensor& x, const std::string& what, at::Tensor& keep) {
   require_matrix(x, what);
-  if (x.scalar_type() != at::kFloat)
-    throw bd::RefusedError(message("bd_torch: ", what, " is ", type_name(x.scalar_type()),
-                                   "; bd's activations are float32 (weights may be stored narrower: storage=)"));
+  const at::ScalarType type = x.scalar_type();
+  if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf)
+    throw bd::RefusedError(message("bd_torch: ", what, " is ", type_name(type),
+                                   "; bd's activations are float32, bfloat16 or float16 (weights may be stored narrower: storage=)"));
   const Index rows = x.size(0), cols = x.size(1);
   const bool column_major = (rows <= 1 || x.stride(0) == 1) && (cols <= 1 || x.stride(1) >= rows);
-  if (column_major) {
-    keep = x;
-  } else if (x.stride(1) == 1 || cols <= 1) {
-    keep = x.t().contiguous().t();
-    ++transposed_inputs;
-  } else {
+  const bool row_major = x.stride(1) == 1 || cols <= 1;
+  if (!column_major && !row_major)
     throw bd::RefusedError(message("bd_torch: ", what, " has strides (", x.stride(0), ", ", x.stride(1),
                                    "): neither dimension is contiguous; call .contiguous()"));
+  if (type != at::kFloat) {  // into the thread's scratch, strides (1, rows): no fresh pages per call
+    keep = at::from_blob(thread_floats<HalfInputScratch>(rows * cols), {rows, cols}, {1, std::max<Index>(rows, 1)}, at::kFloat);
+    keep.copy_(x);
+  } else {
+    keep = column_major ? x : x.t().contiguous().t();
   }
+  if (!column_major) ++transposed_inputs;
   const Index ld = cols <= 1 ? std::max<Index>(rows, 1) : std::max<Index>(keep.stride(1), 1);
   return View(keep.data_ptr<float>(), rows, cols, Eigen::OuterStride<>(std::max(ld, std::max<Index>(rows, 1))));
 }
@@ -114,6 +140,34 @@ at::Tensor give(M&& m) {
   const Index rows = owned->rows(), cols = owned->cols();
   return at::from_blob(owned->data(), {rows, cols}, {1, std::max<Index>(rows, 1)},
                        [owned](void*) { delete owned; }, at::TensorOptions().dtype(torch_type<S>()));
+}
+
+/// rows x cols float32 values, column-major at `data`, rounded once (to nearest even) into a fresh
+/// column-major tensor of `type`, as torch's own layers return a bfloat16 or float16 result.
+at::Tensor rounded(const float* data, Index rows, Index cols, at::ScalarType type) {
+  const at::Tensor view = at::from_blob(const_cast<float*>(data), {rows, cols}, {1, std::max<Index>(rows, 1)}, at::kFloat);
+  return at::empty({cols, rows}, type).t().copy_(view);
+}
+
+/// A result in the activation's type, written by `write` into an Eigen::Ref<Matrix> of rows x
+/// cols: for float32 bd's matrix handed over as it is; for bfloat16 or float16 written into the
+/// thread's HalfResultScratch and rounded.
+template <typename Write>
+at::Tensor result_for(const at::Tensor& x, Index rows, Index cols, Write write) {
+  if (x.scalar_type() == at::kFloat) {
+    Matrix out(rows, cols);
+    write(Eigen::Ref<Matrix>(out));
+    return give(std::move(out));
+  }
+  Eigen::Map<Matrix> out(thread_floats<HalfResultScratch>(rows * cols), rows, cols);
+  write(Eigen::Ref<Matrix>(out));
+  return rounded(out.data(), rows, cols, x.scalar_type());
+}
+
+/// A result bd returned as a matrix, in the activation's type (see result_for).
+at::Tensor in_type_of(const at::Tensor& x, Matrix result) {
+  if (x.scalar_type() == at::kFloat) return give(std::move(result));
+  return rounded(result.data(), result.rows(), result.cols(), x.scalar_type());
 }
 
 /// A view of storage that `owner` keeps alive (a layer's basis or coefficients).
@@ -194,7 +248,9 @@ struct Linear : torch::CustomClassHolder {
   at::Tensor forward(const at::Tensor& x) const {
     at::Tensor keep;
     const View in = activation(x, "x", keep);
-    return std::visit([&](const auto& l) { return give(l.forward(in)); }, layer);
+    return std::visit([&](const auto& l) {
+      return result_for(x, in.rows(), l.output_dim(), [&](Eigen::Ref<Matrix> y) { l.forward_into(in, y); });
+    }, layer);
   }
 
   void set_compute(const std::string& compute) {
@@ -336,22 +392,22 @@ struct Attention : torch::CustomClassHolder {
   at::Tensor forward(const at::Tensor& x) const {
     at::Tensor keep;
     const View in = activation(x, "x", keep);
-    return std::visit([&](const auto& l) { return give(l.forward(in)); }, layer);
+    return in_type_of(x, std::visit([&](const auto& l) { return l.forward(in); }, layer));
   }
   at::Tensor decode(const at::Tensor& x, const c10::intrusive_ptr<KVCache>& cache) const {
     at::Tensor keep;
     const View in = activation(x, "x", keep);
-    return std::visit([&](const auto& l) { return give(l.decode(in, cache->cache)); }, layer);
+    return in_type_of(x, std::visit([&](const auto& l) { return l.decode(in, cache->cache); }, layer));
   }
   at::Tensor prefill(const at::Tensor& x, const c10::intrusive_ptr<LatentCache>& cache) const {
     at::Tensor keep;
     const View in = activation(x, "x", keep);
-    return std::visit([&](const auto& l) { return give(l.prefill(in, cache->cache)); }, layer);
+    return in_type_of(x, std::visit([&](const auto& l) { return l.prefill(in, cache->cache); }, layer));
   }
   at::Tensor decode_absorbed(const at::Tensor& x, const c10::intrusive_ptr<LatentCache>& cache) const {
     at::Tensor keep;
     const View in = activation(x, "x", keep);
-    return std::visit([&](const auto& l) { return give(l.decode_absorbed(in, cache->cache)); }, layer);
+    return in_type_of(x, std::visit([&](const auto& l) { return l.decode_absorbed(in, cache->cache); }, layer));
   }
   void set_compute(const std::string& compute) {
     std::visit([&](auto& l) { l.set_compute(bd::kernel::parse_compute(compute)); }, layer);
@@ -422,9 +478,7 @@ struct Projection : torch::CustomClassHolder {
   at::Tensor forward(const at::Tensor& z, const std::string& compute) const {
     at::Tensor keep;
     const View in = activation(z, "z", keep);
-    Matrix out(in.rows(), idx.heads() * idx.head_dim);
-    project(in, out, compute);
-    return give(std::move(out));
+    return result_for(z, in.rows(), idx.heads() * idx.head_dim, [&](Eigen::Ref<Matrix> out) { project(in, out, compute); });
   }
 
   /// The same into `out` (L × heads·d, float32, column-major: strides (1, ≥ L)), which a serving

@@ -83,6 +83,52 @@ def test_linear_bf16_compute_stays_within_twice_its_low_rank_twins_bf16_error():
     assert max_err(layer(x), reference) <= 2 * max_err(twin, reference)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("compute", ["f32", "bf16"])
+def test_half_activations_come_back_in_their_type_rounded_once(dtype, compute):
+    # A bf16 or f16 input is widened exactly and its result rounded once into its type: the same
+    # bits as the float32 input of the same values, rounded by torch.
+    layer = bd_torch.BDLinear.from_low_rank(torch.randn(48, 6), torch.randn(40, 6), torch.randn(40),
+                                            storage="bf16").set_compute(compute)
+    x = torch.randn(2, 7, 48).to(dtype)
+    with torch.no_grad():
+        y = layer(x)
+        assert y.dtype == dtype and y.shape == (2, 7, 40)
+        assert torch.equal(y, layer(x.float()).to(dtype))
+        assert torch.equal(layer(x[0, :1]), layer(x[0, :1].float()).to(dtype))  # one token, read in place
+        projection = bd_torch.Projection(torch.randn(40, 24), torch.arange(4, 12).reshape(1, 8), 48, compute=compute)
+        assert torch.equal(projection(x[0]), projection(x[0].float()).to(dtype))
+        attn = bd_torch.BDAttention.from_llama(*gqa_layer(bias=False), n_heads=8, n_kv_heads=4, rope_theta=10000.0)
+        attn.set_compute(compute)
+        h = torch.randn(5, 64).to(dtype)
+        assert torch.equal(attn(h), attn(h.float()).to(dtype))
+        cache, float_cache = attn.new_cache(), attn.new_cache()
+        for i in range(5):
+            assert torch.equal(attn.decode(h[i:i + 1], cache), attn.decode(h[i:i + 1].float(), float_cache).to(dtype))
+
+
+def test_a_bf16_models_linear_replaced_by_bd_gives_its_outputs_bit_for_bit_where_sums_are_exact():
+    # W = U·[I, M] with small integers: B = U and C = M hold it exactly in bf16 (M's entries are ±1:
+    # C, fitted in double, is M within 1e-16, which rounding to bf16 removes from any entry but a
+    # zero), and every product and sum of integer activations is an integer a float holds
+    # (|x·U| <= 64, |y| <= 256, where bf16 still holds every integer): any order gives the same
+    # bits, as oneDNN's own tests check.
+    d_in, d_out, r, L = 16, 24, 4, 9
+    U = torch.randint(-2, 3, (d_in, r)).double()
+    M = torch.randint(0, 2, (r, d_out - r)).double() * 2 - 1
+    V = torch.cat([torch.eye(r, dtype=torch.float64), M], 1).t()       # out × r: W = U·Vᵀ = [U, U·M]
+    dense = torch.nn.Linear(d_in, d_out, bias=False).bfloat16()
+    with torch.no_grad():
+        dense.weight.copy_((U @ V.t()).t())
+    layer = bd_torch.BDLinear.from_low_rank(U, V, storage="bf16", basis="first").set_compute("bf16")
+    x = torch.randint(-2, 3, (L, d_in)).bfloat16()
+    with torch.no_grad():
+        expected = dense(x)
+        y = layer(x)
+    assert y.dtype == torch.bfloat16 and expected.abs().max() > 16
+    assert torch.equal(y, expected)
+
+
 # ---------------------------------------------------------------------------------------------
 # The fused projection
 
@@ -328,7 +374,8 @@ def refused(pattern, call):
 
 def test_bad_inputs_are_refused_by_name():
     layer = small_linear()
-    refused("float32", lambda: layer(torch.randn(3, 16, dtype=torch.float64)))
+    refused("float32, bfloat16 or float16", lambda: layer(torch.randn(3, 16, dtype=torch.float64)))
+    refused("is Int", lambda: layer(torch.ones(3, 16, dtype=torch.int32)))
     refused("expected 16", lambda: layer(torch.randn(3, 15)))
     refused("on meta", lambda: layer(torch.empty(3, 16, device="meta")))
     refused("neither dimension is contiguous", lambda: layer(torch.randn(6, 32)[::2, ::2]))
