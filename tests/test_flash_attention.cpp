@@ -382,7 +382,10 @@ TEST_CASE("bf16 attention: few rows per key head read the cache in float, and f6
 namespace {
 // Keys (and the values that are their first channels) stored in bfloat16, as a bf16 latent cache
 // holds them: tiled with split keys, an absorbed chunk over several blocks with an odd key count,
-// two key heads with d_v = d_qk, no RoPE, and few rows per key head (the widened path).
+// two key heads with d_v = d_qk, no RoPE, and few rows per key head (the widened path). Then keys
+// and values apart, as a bf16 KV cache holds them: GQA decoding (the few-row path, keys and values
+// widened), a few tokens at once, a prefill chunk (tiled, causal, RoPE), split keys, and MHA with
+// d_v ≠ d_qk.
 const Shape kStoredBf16Shapes[] = {
     {1, 3001, 64, 1, 1, 24, 8, 20, true, 3000, 1, 17, true},
     {70, 901, 8, 1, 1, 32, 8, 32, true, 831, 1, 3, true},
@@ -391,15 +394,21 @@ const Shape kStoredBf16Shapes[] = {
     {5, 1000, 16, 1, 1, 32, 0, 32, true, 995, 1, 2, true},
     {1, 700, 4, 1, 1, 16, 4, 12, true, 699, 1, 5, true},
     {2, 1500, 4, 1, 1, 16, 3, 16, true, 1498, 1, 0, true},
+    {1, 1000, 8, 2, 2, 16, 0, 16, true, 999, 1, 3},
+    {3, 900, 8, 4, 4, 12, 4, 12, true, 897, 1, 1},
+    {45, 400, 4, 2, 2, 16, 4, 16, true, 355, 1, 7},
+    {2, 2600, 8, 1, 1, 16, 0, 16, true, 2598, 1, 2},
+    {20, 333, 3, 3, 3, 10, 0, 7, false, 0, 1, 5},
 };
 }  // namespace
 
-TEST_CASE("keys stored in bf16 give the bits of the same values in float, on every path and arithmetic",
+TEST_CASE("keys and values stored in bf16 give the bits of the same values in float, on every path and arithmetic",
           "[kernel][flash][bf16]") {
-  // A bf16 latent cache holds what bf16 compute would round anyway: widened exactly for float
-  // arithmetic, paired as they lie for vdpbf16ps. So over keys that are bf16 values, reading them
-  // from bfloat16 storage changes no bit, whatever the path (tiled, split keys, few rows), the
-  // arithmetic (f32, bf16 by vdpbf16ps or FMAs) or the threads. The spare rows hold NaN.
+  // A bf16 cache holds what bf16 compute would round anyway: widened exactly for float
+  // arithmetic, paired as they lie for vdpbf16ps. So over keys and values that are bf16 values,
+  // reading them from bfloat16 storage changes no bit, whatever the path (tiled, split keys, few
+  // rows), the arithmetic (f32, bf16 by vdpbf16ps or FMAs) or the threads; a latent's values are
+  // its keys' channels, a KV cache's apart. The spare rows hold NaN.
   for (const Shape& s : kStoredBf16Shapes) {
     INFO("Lq " << s.Lq << ", Lk " << s.Lk << ", heads " << s.n_q << "/" << s.n_k << ", d " << s.d_qk << "+" << s.d_rope);
     const Index ld = s.Lk + s.pad;
@@ -412,17 +421,17 @@ TEST_CASE("keys stored in bf16 give the bits of the same values in float, on eve
       X.topRows(s.Lk) = bd_test::gaussian(s.Lk, cols, seed).cast<float>().cast<Eigen::bfloat16>();
       return X;
     };
-    const auto K16 = stored(s.n_k * s.d_qk, 3), Kr16 = stored(s.d_rope, 4);
-    const Eigen::MatrixXf K = K16.cast<float>(), Kr = Kr16.cast<float>();
+    const auto K16 = stored(s.n_k * s.d_qk, 3), Kr16 = stored(s.d_rope, 4), V16 = stored(s.n_v * s.d_v, 5);
+    const Eigen::MatrixXf K = K16.cast<float>(), Kr = Kr16.cast<float>(), V = V16.cast<float>();
     Eigen::MatrixXf O(s.Lq, s.n_q * s.d_v), O16(s.Lq, s.n_q * s.d_v);
     AttentionArguments<float> a;
     a.q_len = s.Lq, a.k_len = s.Lk, a.n_q = s.n_q, a.n_k = s.n_k, a.n_v = s.n_v, a.d_qk = s.d_qk, a.d_rope = s.d_rope,
     a.d_v = s.d_v;
     a.q = Q.data(), a.ldq = s.Lq, a.qr = Qr.data(), a.ldqr = s.Lq, a.ldk = ld, a.ldkr = ld, a.ldv = ld, a.ldo = s.Lq;
-    a.values_are_keys = true, a.scale = 0.125f, a.causal = s.causal, a.first_query_position = s.first;
+    a.values_are_keys = s.values_are_keys, a.scale = 0.125f, a.causal = s.causal, a.first_query_position = s.first;
     AttentionArguments<float> b = a;
-    a.k = K.data(), a.kr = Kr.data(), a.v = K.data(), a.out = O.data();
-    b.k_bf16 = K16.data(), b.kr_bf16 = Kr16.data(), b.out = O16.data();
+    a.k = K.data(), a.kr = Kr.data(), a.v = s.values_are_keys ? K.data() : V.data(), a.out = O.data();
+    b.k_bf16 = K16.data(), b.kr_bf16 = Kr16.data(), b.v_bf16 = s.values_are_keys ? K16.data() : V16.data(), b.out = O16.data();
     bd_test::for_each_bf16_path([&] {
       for (Compute compute : {Compute::F32, Compute::BF16})
         for (int threads : {0, 1}) {
@@ -437,17 +446,20 @@ TEST_CASE("keys stored in bf16 give the bits of the same values in float, on eve
   }
 }
 
-TEST_CASE("keys stored in bf16 are read by float arithmetic as the values' source only, or refused by name",
-          "[kernel][flash][bf16]") {
+TEST_CASE("keys and values stored in bf16 are read by float arithmetic, or refused by name", "[kernel][flash][bf16]") {
   Eigen::Matrix<Eigen::bfloat16, Eigen::Dynamic, Eigen::Dynamic> K16 = Eigen::MatrixXf::Ones(16, 8).cast<Eigen::bfloat16>();
-  Eigen::MatrixXf Q = Eigen::MatrixXf::Ones(1, 8), O(1, 8);
+  Eigen::MatrixXf Q = Eigen::MatrixXf::Ones(1, 8), O(1, 8), V = Eigen::MatrixXf::Ones(16, 8);
   AttentionArguments<float> a;
   a.q_len = 1, a.k_len = 16, a.d_qk = 8, a.d_v = 8, a.q = Q.data(), a.ldq = 1, a.k_bf16 = K16.data(), a.ldk = 16, a.ldv = 16;
   a.out = O.data(), a.ldo = 1;
-  BD_CHECK_THROWS_CONTAINING(bd::kernel::flash_attention(a), bd::ShapeError, Catch::Contains("values_are_keys"));
-  a.values_are_keys = true;
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::flash_attention(a), bd::ShapeError, Catch::Contains("no values"));
+  a.values_are_keys = true, a.v_bf16 = K16.data();  // a bf16 latent: its values are its keys
   bd::kernel::flash_attention(a);
   CHECK(O == Eigen::MatrixXf::Ones(1, 8));
+  a.v = V.data();
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::flash_attention(a), bd::ShapeError, Catch::Contains("leave v null"));
+  a.v = nullptr, a.k = V.data();
+  BD_CHECK_THROWS_CONTAINING(bd::kernel::flash_attention(a), bd::ShapeError, Catch::Contains("k null"));
   AttentionArguments<double> d;
   d.q_len = 1, d.k_len = 16, d.d_qk = 8, d.d_v = 8, d.k_bf16 = K16.data(), d.values_are_keys = true;
   BD_CHECK_THROWS_CONTAINING(bd::kernel::flash_attention(d), bd::ShapeError, Catch::Contains("float arithmetic"));

@@ -33,6 +33,12 @@ struct FewRowKernel {
   /// `ahead` values before their loads (float only; null otherwise).
   void (*dot_columns_bf16)(Index count, const T* rows, Index depth, const Eigen::bfloat16* b, Index ldb, Index columns,
                            T* result, Index row_walk, Index ahead) = nullptr;
+  /// column_scores and dot_rows with K and V stored in bfloat16 (a bf16 cache), read where they
+  /// lie (float only; null otherwise).
+  void (*column_scores_bf16)(Index count, Index n, Index depth, const Eigen::bfloat16* k, Index ldk, const T* q, Index ldq,
+                             T* s, Index lds, bool start, Index ahead) = nullptr;
+  void (*dot_rows_bf16)(Index count, const T* rows, Index ldr, Index depth, const Eigen::bfloat16* b, Index ldb, Index columns,
+                        T* result, Index ahead) = nullptr;
 };
 
 /// Kernel's FewRowKernel, built on first use (once per instruction set and scalar type).
@@ -45,7 +51,11 @@ const FewRowKernel<T>& few_row_kernel() {
     k.softmax_row = &Kernel::softmax_row;
     k.dot_rows = &Kernel::dot_rows;
     k.dot_columns = &Kernel::dot_columns;
-    if constexpr (std::is_same_v<T, float>) k.dot_columns_bf16 = &Kernel::dot_columns_bf16;
+    if constexpr (std::is_same_v<T, float>) {
+      k.dot_columns_bf16 = &Kernel::dot_columns_bf16;
+      k.column_scores_bf16 = &Kernel::column_scores_bf16;
+      k.dot_rows_bf16 = &Kernel::dot_rows_bf16;
+    }
     return k;
   }();
   return table;

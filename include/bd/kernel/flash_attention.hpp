@@ -86,13 +86,15 @@ struct AttentionArguments {
   /// softmax stays float. The few-row path (decoding's few rows per key head, bound by reading
   /// the cache) computes in float whatever this says. float arithmetic only.
   Compute compute = Compute::F32;
-  /// Keys stored in bfloat16 (a bf16 latent cache) instead of k and kr (then null), their
-  /// leading dimensions ldk and ldkr; the values are their first d_v channels (values_are_keys,
-  /// v null). float arithmetic only. Widened exactly where float operands are read (f32 compute,
-  /// the few-row path), paired as they lie for vdpbf16ps: with bf16 compute, the same bits as
-  /// float keys rounded once (docs/design.md, "Compute type").
+  /// Keys and values stored in bfloat16 (a bf16 cache) instead of k, kr and v (then null), with
+  /// their leading dimensions ldk, ldkr and ldv; keys in bf16 take their RoPE keys in bf16 too.
+  /// With values_are_keys (a bf16 latent), v_bf16 = k_bf16 and ldv = ldk. float arithmetic only.
+  /// Widened exactly where float operands are read (f32 compute; the few-row path as it loads
+  /// them), paired as they lie for vdpbf16ps: the same bits as float operands that hold the same
+  /// values (docs/design.md, "Compute type").
   const Eigen::bfloat16* k_bf16 = nullptr;
   const Eigen::bfloat16* kr_bf16 = nullptr;
+  const Eigen::bfloat16* v_bf16 = nullptr;
 };
 
 namespace detail {
@@ -158,10 +160,17 @@ decltype(auto) with_key_run(const AttentionArguments<T>& a, Index kh, Index k0, 
   return f(key_run(a, kh, k0, c));
 }
 
-/// Whether the values are read from keys stored in bfloat16 (float arithmetic only).
+/// Whether the keys are stored in bfloat16 (float arithmetic only).
+template <typename T>
+bool key_runs_bf16(const AttentionArguments<T>& a) {
+  if constexpr (std::is_same_v<T, float>) return a.k_bf16 != nullptr;
+  return false;
+}
+
+/// Whether the values are stored in bfloat16 (float arithmetic only).
 template <typename T>
 bool value_runs_bf16(const AttentionArguments<T>& a) {
-  if constexpr (std::is_same_v<T, float>) return a.k_bf16 != nullptr;
+  if constexpr (std::is_same_v<T, float>) return a.v_bf16 != nullptr;
   return false;
 }
 
@@ -227,8 +236,8 @@ void pack_value_panels(const AttentionArguments<T>& a, Index vh, Index k0, Index
         for (Index j = ahead; j < ahead + nc && c0 + j < dv; ++j) prefetch_run(column(j), bk);
       runs_into_panel<NR>(column, nc, bk, vp + c0 * steps);
     };
-    if (value_runs_bf16(a))  // the keys' first channels (values_are_keys), in bfloat16
-      panel([&](Index j) { return a.k_bf16 + (vh * dv + c0 + j) * a.ldk + k0; });
+    if (value_runs_bf16(a))
+      panel([&](Index j) { return a.v_bf16 + (vh * dv + c0 + j) * a.ldv + k0; });
     else
       panel([&](Index j) { return a.v + (vh * dv + c0 + j) * a.ldv + k0; });
   }
@@ -265,7 +274,7 @@ void for_each_key_pair(const AttentionArguments<T>& a, Index kh, Index k0, Index
 template <typename Kernel, typename T>
 void pack_rounded_key_pairs(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) {
   constexpr Index NR = Kernel::nr;
-  if (value_runs_bf16(a)) return pack_rounded_key_panels<NR>(a, kh, k0, bk, kp, steps, ahead);
+  if (key_runs_bf16(a)) return pack_rounded_key_panels<NR>(a, kh, k0, bk, kp, steps, ahead);
   for_each_key_pair(a, kh, k0, bk, ahead, [&](Index c, bool second) {
     Kernel::round_channels(key_run(a, kh, k0, c), second ? key_run(a, kh, k0, c + 1) : nullptr, bk, NR, kp + c * NR,
                            NR * steps);
@@ -278,7 +287,7 @@ void pack_rounded_key_pairs(const AttentionArguments<T>& a, Index kh, Index k0, 
 template <typename Kernel, typename T>
 void pack_key_pairs(const AttentionArguments<T>& a, Index kh, Index k0, Index bk, T* kp, Index steps, Index ahead) {
   constexpr Index NR = Kernel::nr;
-  const bool stored_bf16 = value_runs_bf16(a);
+  const bool stored_bf16 = key_runs_bf16(a);
   for_each_key_pair(a, kh, k0, bk, ahead, [&](Index c, bool second) {
     T* const to = kp + c / 2 * NR;
     if (stored_bf16)
@@ -302,14 +311,14 @@ void pack_value_pairs(const AttentionArguments<T>& a, Index vh, Index k0, Index 
   const bool stored_bf16 = value_runs_bf16(a);
   const auto pair_run = [&](Index c, T* to) {  // value channel c's run as its pairs
     if (!stored_bf16) return Kernel::pair_keys(a.v + c * a.ldv + k0, bk, to);
-    std::memcpy(to, a.k_bf16 + c * a.ldk + k0, sizeof(Eigen::bfloat16) * bk);
+    std::memcpy(to, a.v_bf16 + c * a.ldv + k0, sizeof(Eigen::bfloat16) * bk);
     if (bk % 2) std::memset(reinterpret_cast<char*>(to) + sizeof(Eigen::bfloat16) * bk, 0, sizeof(Eigen::bfloat16));
   };
   for (Index c0 = 0; c0 < round_up(dv, NR); c0 += NR) {
     const Index nc = std::min(NR, dv - c0);
     if (ahead)
       for (Index j = ahead; j < ahead + nc && c0 + j < dv; ++j)
-        stored_bf16 ? prefetch_run(a.k_bf16 + (vh * dv + c0 + j) * a.ldk + k0, bk)
+        stored_bf16 ? prefetch_run(a.v_bf16 + (vh * dv + c0 + j) * a.ldv + k0, bk)
                     : prefetch_run(a.v + (vh * dv + c0 + j) * a.ldv + k0, bk);
     for (Index j = 0; j < nc; ++j) pair_run(vh * dv + c0 + j, words + j * pairs);
     runs_into_panel<NR>([&](Index j) -> const T* { return words + j * pairs; }, nc, pairs, vp + c0 * steps);
@@ -468,10 +477,11 @@ FlashPlan plan_flash(const AttentionArguments<T>& whole, const FlashTileKernel<T
   p.panels = p.Bq / p.MR;
   assert(p.panels <= max_flash_panels);
   // bf16 compute: rounded as packed; keys stored in bf16: widened or paired as packed
-  p.keys_in_place = context.keys_in_place() && p.packing == Packing::Plain && !value_runs_bf16(whole);
+  p.keys_in_place = context.keys_in_place() && p.packing == Packing::Plain && !key_runs_bf16(whole);
   // The caller's word, held to what reading V from K's runs needs (one latent for every head).
-  const bool values_are_keys = whole.values_are_keys && whole.v == whole.k && whole.ldv == whole.ldk &&
-                               whole.d_v <= whole.d_qk && whole.n_k == whole.n_v && (whole.n_k == 1 || whole.d_v == whole.d_qk);
+  const bool values_are_keys = whole.values_are_keys && whole.v == whole.k && whole.v_bf16 == whole.k_bf16 &&
+                               whole.ldv == whole.ldk && whole.d_v <= whole.d_qk && whole.n_k == whole.n_v &&
+                               (whole.n_k == 1 || whole.d_v == whole.d_qk);
   assert(values_are_keys == whole.values_are_keys && "AttentionArguments::values_are_keys: V is not K's first channels");
   p.values_in_place = context.values_in_place() && values_are_keys && p.packing == Packing::Plain && !value_runs_bf16(whole);
   p.q_size = p.Bq * p.Dq, p.k_size = p.keys_in_place ? 0 : round_up(p.Bk, p.NR) * p.Dq;
@@ -766,7 +776,7 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
       part.first_key_position += k0;
       for (const T** run : {&part.k, &part.kr, &part.v})
         if (*run) *run += k0;
-      for (const Eigen::bfloat16** run : {&part.k_bf16, &part.kr_bf16})
+      for (const Eigen::bfloat16** run : {&part.k_bf16, &part.kr_bf16, &part.v_bf16})
         if (*run) *run += k0;
       parts[c] = part;
     }
@@ -806,30 +816,31 @@ void flash_attention_on(const AttentionArguments<T>& whole, int threads, const F
 
 /// One worker's state in the few-row path: a key/value head group's rows (queries scaled and
 /// channel-major, qp[c·rows + r]), their scores against a block of keys (rows of ld), output
-/// accumulators, running max, sum and rescaling, positions, dot_rows's results, and with keys
-/// stored in bfloat16 a block of them widened (kw[c·ld + j], channel c of [k | k_rope]).
+/// accumulators, running max, sum and rescaling, positions, and dot_rows's results.
 template <typename T>
 struct FewRows {
   Index rows = 0, ld = 0, kh = 0, vh = 0;
-  T *qp = nullptr, *sp = nullptr, *op = nullptr, *m = nullptr, *l = nullptr, *alpha = nullptr, *dots = nullptr, *kw = nullptr;
+  T *qp = nullptr, *sp = nullptr, *op = nullptr, *m = nullptr, *l = nullptr, *alpha = nullptr, *dots = nullptr;
   Index* pos = nullptr;
 };
 
-/// Where few_rows_block reads a block's keys, RoPE keys and values: in place, or from the worker's
-/// widened copy of keys stored in bfloat16 (whose first d_v channels are the values).
+/// Where few_rows_block reads a block's keys, RoPE keys and values, in place: float, or stored in
+/// bfloat16 (the *16 pointers, then the float ones null), which the kernel widens as it loads.
 template <typename T>
 struct FewRowOperands {
   const T *k = nullptr, *kr = nullptr, *v = nullptr;
+  const Eigen::bfloat16 *k16 = nullptr, *kr16 = nullptr, *v16 = nullptr;
   Index ldk = 0, ldkr = 0, ldv = 0;
-  FewRowOperands(const AttentionArguments<T>& a, Index k0, Index bk, const FewRows<T>& w) {
-    if (value_runs_bf16(a)) {
-      for (Index c = 0; c < a.d_qk + a.d_rope; ++c) convert_column(key_run_bf16(a, w.kh, k0, c), bk, w.kw + c * w.ld);
-      k = w.kw, kr = w.kw + a.d_qk * w.ld, v = w.kw, ldk = ldkr = ldv = w.ld;
-      return;
+  FewRowOperands(const AttentionArguments<T>& a, Index k0, const FewRows<T>& w) : ldk(a.ldk), ldkr(a.ldkr), ldv(a.ldv) {
+    if (key_runs_bf16(a)) {
+      k16 = key_run_bf16(a, w.kh, k0, 0);
+      if (a.d_rope) kr16 = a.kr_bf16 + k0;
+    } else {
+      k = key_run(a, w.kh, k0, 0);
+      if (a.d_rope) kr = a.kr + k0;
     }
-    k = a.k + w.kh * a.d_qk * a.ldk + k0, ldk = a.ldk;
-    kr = a.d_rope ? a.kr + k0 : nullptr, ldkr = a.ldkr;
-    v = a.v + w.vh * a.d_v * a.ldv + k0, ldv = a.ldv;
+    if (value_runs_bf16(a)) v16 = a.v_bf16 + w.vh * a.d_v * a.ldv + k0;
+    else v = a.v + w.vh * a.d_v * a.ldv + k0;
   }
 };
 
@@ -866,13 +877,17 @@ template <typename T>
 void few_rows_block(const AttentionArguments<T>& a, const FewRowKernel<T>& kernel, Index k0, Index bk, Index ahead,
                     FewRows<T>& w) {
   const Index rows = w.rows, ld = w.ld, dv = a.d_v;
-  const FewRowOperands<T> in(a, k0, bk, w);
+  const FewRowOperands<T> in(a, k0, w);
+  // `ahead` counts float values; a bf16 run is asked for as many bytes ahead
+  const auto scores = [&](Index count, Index depth, const T* k, const Eigen::bfloat16* k16, Index ldk, const T* q, T* s,
+                          bool start) {
+    if (k16) kernel.column_scores_bf16(count, bk, depth, k16, ldk, q, rows, s, ld, start, 2 * ahead);
+    else kernel.column_scores(count, bk, depth, k, ldk, q, rows, s, ld, start, ahead);
+  };
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const Index count = std::min<Index>(4, rows - r0);
-    kernel.column_scores(count, bk, a.d_qk, in.k, in.ldk, w.qp + r0, rows, w.sp + r0 * ld, ld, true, ahead);
-    if (a.d_rope > 0)
-      kernel.column_scores(count, bk, a.d_rope, in.kr, in.ldkr, w.qp + a.d_qk * rows + r0, rows, w.sp + r0 * ld, ld, false,
-                           ahead);
+    scores(count, a.d_qk, in.k, in.k16, in.ldk, w.qp + r0, w.sp + r0 * ld, true);
+    if (a.d_rope > 0) scores(count, a.d_rope, in.kr, in.kr16, in.ldkr, w.qp + a.d_qk * rows + r0, w.sp + r0 * ld, false);
   }
   const Index key0 = a.first_key_position + k0;
   for (Index r = 0; r < rows; ++r) {
@@ -886,7 +901,8 @@ void few_rows_block(const AttentionArguments<T>& a, const FewRowKernel<T>& kerne
   }
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const Index count = std::min<Index>(4, rows - r0);
-    kernel.dot_rows(count, w.sp + r0 * ld, ld, bk, in.v, in.ldv, dv, w.dots, ahead);
+    if (in.v16) kernel.dot_rows_bf16(count, w.sp + r0 * ld, ld, bk, in.v16, in.ldv, dv, w.dots, 2 * ahead);
+    else kernel.dot_rows(count, w.sp + r0 * ld, ld, bk, in.v, in.ldv, dv, w.dots, ahead);
     for (Index i = 0; i < count; ++i)
       for (Index c = 0; c < dv; ++c) w.op[(r0 + i) * dv + c] += w.dots[c * 4 + i];
   }
@@ -908,15 +924,14 @@ void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const
   // runs of 16 KiB); with more than four rows K is swept once per four, so the block's keys stay
   // within 256 KiB (L2). Not tuning: the block sets where the online softmax rescales, which bd
   // keeps the same on every CPU for a shape.
-  // Keys stored in bfloat16 are widened a block at a time, a block within the same 256 KiB.
-  const bool widened = value_runs_bf16(a);
-  const Index Bk = rows <= 4 && !widened
-                       ? 4096
-                       : std::clamp<Index>(Index(256 * 1024 / sizeof(T)) / std::max<Index>(1, D) / 16 * 16, 16, 1024);
+  // Keys and values stored in bfloat16 are read in the same blocks (their bits then the float
+  // values' own).
+  const Index Bk =
+      rows <= 4 ? 4096 : std::clamp<Index>(Index(256 * 1024 / sizeof(T)) / std::max<Index>(1, D) / 16 * 16, 16, 1024);
   // Per worker (FewRows): queries, scores (rows of Bk, padded to whole vectors with −∞), output
-  // accumulators, each row's max, sum, rescaling and position, dot results, widened keys.
+  // accumulators, each row's max, sum, rescaling and position, dot results.
   const Index ld = Bk, q_size = D * rows, s_size = rows * ld, o_size = rows * dv;
-  const Index per_worker = q_size + s_size + o_size + 3 * rows + 4 * dv + (widened ? D * Bk : 0);
+  const Index per_worker = q_size + s_size + o_size + 3 * rows + 4 * dv;
   const Index workers = std::max(1, threads);
   T* const buffers = scratch.values.reserve(static_cast<std::size_t>(per_worker * workers));
   Index* const positions = scratch.positions.reserve(static_cast<std::size_t>(rows * workers));
@@ -932,7 +947,7 @@ void flash_attention_few_rows(const AttentionArguments<T>& a, int threads, const
     FewRows<T> w;
     w.rows = rows, w.ld = ld, w.kh = g * a.n_k / groups, w.vh = g * a.n_v / groups;
     w.qp = buffers + me * per_worker, w.sp = w.qp + q_size, w.op = w.sp + s_size;
-    w.m = w.op + o_size, w.l = w.m + rows, w.alpha = w.l + rows, w.dots = w.alpha + rows, w.kw = w.dots + 4 * dv;
+    w.m = w.op + o_size, w.l = w.m + rows, w.alpha = w.l + rows, w.dots = w.alpha + rows;
     w.pos = positions + me * rows;
     const Index k_end = few_rows_start(a, g, group, w);
     for (Index k0 = 0; k0 < k_end; k0 += Bk) few_rows_block(a, kernel, k0, std::min(Bk, k_end - k0), ahead, w);
@@ -975,9 +990,14 @@ void flash_attention(const AttentionArguments<T>& a, int threads = 0, Workspace&
   if (a.k_len <= 0 || a.n_k <= 0 || a.n_v <= 0 || a.n_q % a.n_k != 0 || a.n_q % a.n_v != 0)
     throw ShapeError(bd::detail::message("flash_attention: ", a.k_len, " keys, ", a.n_q, " query heads on ", a.n_k, " key and ",
                                          a.n_v, " value heads; expected at least one key and query heads a multiple of each"));
-  if (a.k_bf16 && (!std::is_same_v<T, float> || !a.values_are_keys || a.k || a.v || (a.d_rope && !a.kr_bf16)))
-    throw ShapeError("flash_attention: keys stored in bf16 (k_bf16) are read by float arithmetic, with the values their "
-                     "first channels (values_are_keys) and the RoPE keys in bf16 too (kr_bf16); k and v null");
+  if ((a.k_bf16 || a.v_bf16) && !std::is_same_v<T, float>)
+    throw ShapeError("flash_attention: keys and values stored in bf16 are read by float arithmetic");
+  if (a.k_bf16 && (a.k || (a.d_rope && !a.kr_bf16)))
+    throw ShapeError("flash_attention: keys stored in bf16 (k_bf16) take their RoPE keys in bf16 too (kr_bf16); k null");
+  if (a.v_bf16 && a.v)
+    throw ShapeError("flash_attention: values stored in bf16 (v_bf16) leave v null");
+  if (!a.v && !a.v_bf16)
+    throw ShapeError("flash_attention: no values: v, or v_bf16 for values stored in bf16 (a bf16 latent's: v_bf16 = k_bf16)");
   if (a.q_len == 0) return;
 #ifdef _OPENMP
   if (threads <= 0) threads = omp_in_parallel() ? 1 : omp_get_max_threads();

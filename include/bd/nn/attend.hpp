@@ -38,7 +38,7 @@ using Bf16Ref = Eigen::Ref<const Eigen::Matrix<Eigen::bfloat16, Eigen::Dynamic, 
 
 namespace detail {
 /// The kernel's arguments for one attend call, after checking every shape against the spec; K,
-/// V and Kr are float operands (ConstRef<A>) or keys stored in bfloat16 (Bf16Ref, V then K:
+/// V and Kr are float operands (ConstRef<A>) or stored in bfloat16 (Bf16Ref; a latent's V is K:
 /// values_are_keys).
 template <typename A, typename KeyRef>
 bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, const KeyRef& K, const KeyRef& V,
@@ -62,7 +62,7 @@ bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, cons
   if (d_rope) a.qr = Qr->data(), a.ldqr = Qr->outerStride(), a.ldkr = Kr->outerStride();
   if constexpr (std::is_same_v<KeyRef, Bf16Ref>) {
     static_assert(std::is_same_v<A, float>, "keys stored in bf16 are read by f32 arithmetic");
-    a.k_bf16 = K.data();
+    a.k_bf16 = K.data(), a.v_bf16 = V.data();
     if (d_rope) a.kr_bf16 = Kr->data();
   } else {
     a.k = K.data(), a.v = V.data();
