@@ -8,6 +8,8 @@
 //                                (interleaved.hpp): each one's median, their ratio and its share
 //                                of the FLOP ratio, from the same seconds of the machine; the
 //                                forward's rotation holds the GEMM yardstick too (its share);
+//   decode/interleaved_kv_bf16/<context>  BD's token on a KV cache stored in f32 and on one stored
+//                                in bf16, in turn: bf16_vs_f32;
 //   attention/interleaved_bf16/<L>  the same with both layers stored in bf16 and computing in bf16
 //                                (their projections and attention) and the yardstick GEMM in
 //                                bf16 too: the shares of the bf16 GEMM rate;
@@ -180,9 +182,9 @@ void attention(benchmark::State& state, bool bd) {
 /// A cache of `context` tokens of K (K' for BD: one per query head here, as n_q = n_kv), V and
 /// the shared RoPE key; their values do not change the work. One token more than `context` is
 /// appended and dropped again, so the cache already has room for the decoded token: no iteration
-/// times the cache's growth (a copy of all of it).
-bd::nn::KVCache<float> filled_cache(Index context) {
-  bd::nn::KVCache<float> cache;
+/// times the cache's growth (a copy of all of it). Stored in `storage`: f32, or bf16.
+bd::nn::KVCache<float> filled_cache(Index context, bd::Storage storage = bd::Storage::F32) {
+  bd::nn::KVCache<float> cache(storage);
   cache.append(Eigen::MatrixXf::Constant(context + 1, kHeads * kHeadDim, 0.01f),
                Eigen::MatrixXf::Constant(context + 1, kHeads * kHeadDim, 0.01f),
                Eigen::MatrixXf::Constant(context + 1, kRopeDim, 0.01f));
@@ -351,6 +353,29 @@ void decode_interleaved(benchmark::State& state) {
   };
   const std::vector<double> t = bd_bench::time_interleaved(state, {call(false), call(true)});
   interleaved_counters(state, t, attention_flops(1, double(context + 1), false), attention_flops(1, double(context + 1), true));
+}
+
+/// decode/interleaved_kv_bf16/<context>: BD's decoded token on a KV cache stored in f32 and on one
+/// stored in bf16 (half the bytes a token reads), in turn; the layer computes in f32 on both.
+/// Counters: each median (ms), bf16_vs_f32 (< 1: the bf16 cache faster) and its paired median.
+void decode_kv_bf16(benchmark::State& state) {
+  const AttentionPair& pair = attention_pair();
+  const Index context = state.range(0);
+  bd::nn::KVCache<float> f32 = filled_cache(context), bf16 = filled_cache(context, bd::Storage::BF16);
+  const Eigen::MatrixXf x = Eigen::MatrixXf::Random(1, kHidden);
+  const auto call = [&](bd::nn::KVCache<float>& cache) {
+    return [&] {
+      Eigen::MatrixXf y = pair.bd.decode(x, cache);
+      benchmark::DoNotOptimize(y.data());
+      cache.truncate(context);
+    };
+  };
+  std::vector<std::vector<double>> seconds;
+  const std::vector<double> t = bd_bench::time_interleaved(state, {call(f32), call(bf16)}, {}, &seconds);
+  state.counters["f32_cache_ms"] = t[0] * 1e3;
+  state.counters["bf16_cache_ms"] = t[1] * 1e3;
+  state.counters["bf16_vs_f32"] = t[1] / t[0];
+  state.counters["paired_bf16_vs_f32"] = bd_bench::paired_ratio(seconds[1], seconds[0]);
 }
 
 /// The machine's dense GEMM rate on bd's kernel in the same run, at the layer's largest product
@@ -546,6 +571,8 @@ int register_all() {
   benchmark::RegisterBenchmark("attention/flash_bf16", flash_interleaved, bd::kernel::Compute::BF16)
       ->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
   benchmark::RegisterBenchmark("decode/interleaved", decode_interleaved)
+      ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+  benchmark::RegisterBenchmark("decode/interleaved_kv_bf16", decode_kv_bf16)
       ->Arg(1024)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
   benchmark::RegisterBenchmark("gemm/bd_kernel", gemm_rate)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
   std::vector<std::string> impls{"dense", "dense_kernel", "lowrank", "lowrank_kernel", "bd"};

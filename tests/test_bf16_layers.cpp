@@ -204,3 +204,66 @@ TEST_CASE("a bf16 latent cache: bf16 compute decodes with the f32 cache's bits, 
     }
   }
 }
+
+TEST_CASE("a bf16 KV cache holds each key and value rounded once and refuses what it cannot hold", "[bf16]") {
+  const MatrixXf k = bd_test::gaussian(6, 32, 81).cast<float>(), v = bd_test::gaussian(6, 24, 82).cast<float>();
+  const MatrixXf kr = bd_test::gaussian(6, 8, 85).cast<float>();
+  bd::nn::KVCache<float> cache(bd::Storage::BF16);
+  CHECK(cache.storage() == bd::Storage::BF16);
+  for (Index t = 0; t < 6; ++t) cache.append(k.row(t), v.row(t), kr.row(t));  // grows from one token: its rows kept
+  CHECK(cache.length() == 6);
+  CHECK(cache.keys_bf16() == k.cast<Eigen::bfloat16>());
+  CHECK(cache.values_bf16() == v.cast<Eigen::bfloat16>());
+  CHECK(cache.rope_keys_bf16() == kr.cast<Eigen::bfloat16>());
+  CHECK(cache.keys_bf16().cast<float>() != k);  // rounded: the storage was honoured
+  cache.truncate(2);
+  CHECK(cache.values_bf16() == v.topRows(2).cast<Eigen::bfloat16>());
+  BD_CHECK_THROWS_CONTAINING(cache.keys(), bd::RangeError, Contains("this cache stores bf16; read it with keys_bf16()"));
+  BD_CHECK_THROWS_CONTAINING(cache.append(MatrixXf::Ones(1, 16), MatrixXf::Ones(1, 24), kr.topRows(1)), bd::ShapeError,
+                             Contains("keys of width 32"));
+  BD_CHECK_THROWS_CONTAINING(bd::nn::KVCache<float>(bd::Storage::F16), bd::RangeError, Contains("f16 storage is not implemented"));
+  BD_CHECK_THROWS_CONTAINING(bd::nn::KVCache<double>(bd::Storage::BF16), bd::RangeError,
+                             Contains("a bf16 cache is read by f32 arithmetic"));
+  BD_CHECK_THROWS_CONTAINING(bd::nn::KVCache<float>().keys_bf16(), bd::RangeError, Contains("read it with keys()"));
+}
+
+TEST_CASE("a bf16 KV cache: bf16 compute prefills a chunk with the f32 cache's bits, decodes within the keys' rounding",
+          "[bf16]") {
+  // GQA under RoPE, 8 query heads on 2 key/value heads. bf16 compute rounds keys and values once
+  // wherever the tiled attention multiplies them, so a cache that stores them rounded changes no
+  // bit of a chunk's attention (12 tokens: 48 rows per key head, tiled). One token (4 rows per key
+  // head) takes the few-row path, f32 arithmetic on the widened cache, as does f32 compute
+  // everywhere: the output moves by the keys' and values' rounding, 2⁻⁹ relative, carried through
+  // the softmax and the output projection — under 2⁻⁶ of the output's scale, and never zero. BD
+  // and dense, each on a bf16 cache, differ by their bf16 errors and their caches' roundings
+  // (BD's holds other values: x·B where dense holds x·W_v): bound 2⁻⁵.
+  bd_test::LayerSpec spec;
+  spec.n_q = 8, spec.n_kv = 2, spec.head_dim = 16, spec.d_q = spec.d_kv = spec.d_out = 64;
+  spec.causal = true, spec.rope_theta = 10000;
+  const auto layer = bd_test::random_attention(spec, 83);
+  MultiHeadAttention<float> dense = layer.cast<float>();
+  BDAttention<float> bd = BDAttention<float>::prepare(
+      layer, BDAttentionOptions{}.with_mode(bd::nn::Mode::VO).with_cost_policy(bd::nn::CostPolicy::Allow));
+  const MatrixXf x = bd_test::gaussian(15, 64, 84).cast<float>();
+  const auto steps = [&](const auto& l, bd::nn::KVCache<float>& cache) {
+    MatrixXf y(15, 64);
+    y.topRows(12) = l.decode(x.topRows(12), cache);
+    for (Index t = 12; t < 15; ++t) y.row(t) = l.decode(x.row(t), cache);
+    return y;
+  };
+  for (const Compute compute : {Compute::BF16, Compute::F32}) {
+    INFO(bd::kernel::to_string(compute) << " compute");
+    dense.set_compute(compute), bd.set_compute(compute);
+    bd::nn::KVCache<float> dense32, dense16(bd::Storage::BF16), bd32, bd16(bd::Storage::BF16);
+    const MatrixXf d32 = steps(dense, dense32), d16 = steps(dense, dense16);
+    const MatrixXf b32 = steps(bd, bd32), b16 = steps(bd, bd16);
+    if (compute == Compute::BF16) {
+      CHECK(d16.topRows(12) == d32.topRows(12));
+      CHECK(b16.topRows(12) == b32.topRows(12));
+    }
+    CHECK(max_rel(d16, d32) <= std::ldexp(1.0, -6));
+    CHECK(max_rel(b16, b32) <= std::ldexp(1.0, -6));
+    CHECK(d16.bottomRows(3) != d32.bottomRows(3));
+    CHECK(max_rel(b16, d16) <= std::ldexp(1.0, -5));
+  }
+}

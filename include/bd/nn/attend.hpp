@@ -33,13 +33,12 @@ struct AttendSpec {
   bd::kernel::Compute compute = bd::kernel::Compute::F32;
 };
 
-/// Keys stored in bfloat16 as a bf16 LatentCache holds them (attend_stored_bf16_into).
+/// Keys and values stored in bfloat16 as a bf16 cache holds them (attend_stored_bf16_into).
 using Bf16Ref = Eigen::Ref<const Eigen::Matrix<Eigen::bfloat16, Eigen::Dynamic, Eigen::Dynamic>>;
 
 namespace detail {
 /// The kernel's arguments for one attend call, after checking every shape against the spec; K,
-/// V and Kr are float operands (ConstRef<A>) or stored in bfloat16 (Bf16Ref; a latent's V is K:
-/// values_are_keys).
+/// V and Kr are float operands (ConstRef<A>) or stored in bfloat16 (Bf16Ref).
 template <typename A, typename KeyRef>
 bd::kernel::AttentionArguments<A> attention_arguments(const ConstRef<A>& Q, const KeyRef& K, const KeyRef& V,
                                                      const AttendSpec& s, const ConstRef<A>* Qr, const KeyRef* Kr,
@@ -92,16 +91,13 @@ void attend_into(const ConstRef<A>& Q, const ConstRef<A>& K, const ConstRef<A>& 
   bd::kernel::flash_attention(detail::attention_arguments<A, ConstRef<A>>(Q, K, V, s, Qr, Kr, O), 0, ws);
 }
 
-/// The same with the keys stored in bfloat16 (a bf16 LatentCache's latent and RoPE keys) and the
-/// values their first d_v channels (spec.values_are_keys, required): read as they lie, widened
-/// exactly for f32 arithmetic or paired for bf16's (kernel::AttentionArguments::k_bf16).
+/// The same with keys, values and RoPE keys stored in bfloat16 (a bf16 KVCache's, or a bf16
+/// LatentCache's latent as both, spec.values_are_keys): read as they lie, widened exactly for f32
+/// arithmetic or paired for bf16's (kernel::AttentionArguments::k_bf16).
 template <typename A>
-void attend_stored_bf16_into(const ConstRef<A>& Q, const Bf16Ref& K, const AttendSpec& s, const ConstRef<A>* Qr,
-                             const Bf16Ref* Kr, Eigen::Ref<MatrixA<A>> O, Workspace& ws) {
-  if (!s.values_are_keys)
-    throw ShapeError("attend: keys stored in bf16 are the latent of absorbed MLA, whose values are its first channels "
-                     "(AttendSpec::values_are_keys)");
-  bd::kernel::flash_attention(detail::attention_arguments<A, Bf16Ref>(Q, K, K, s, Qr, Kr, O), 0, ws);
+void attend_stored_bf16_into(const ConstRef<A>& Q, const Bf16Ref& K, const Bf16Ref& V, const AttendSpec& s,
+                             const ConstRef<A>* Qr, const Bf16Ref* Kr, Eigen::Ref<MatrixA<A>> O, Workspace& ws) {
+  bd::kernel::flash_attention(detail::attention_arguments<A, Bf16Ref>(Q, K, V, s, Qr, Kr, O), 0, ws);
 }
 
 /// The same, into a new matrix.

@@ -121,8 +121,10 @@ private:
                                              "(it computes the layer exactly up to ", window, " tokens)"));
   }
 
-  Matrix attend_and_output(const Input& x, const Input& K, const Input& V, const Input& Kr, Index first_position,
-                           detail::AttentionScratch<A>& scratch, Workspace& ws) const;
+  /// x's queries, attend(Q, Qr) (every head's output), then the output projection.
+  template <typename Attend>
+  Matrix attend_and_output(const Input& x, Index first_position, detail::AttentionScratch<A>& scratch, Workspace& ws,
+                           Attend&& attend) const;
 };
 
 // The algorithm's members, defined out of the class so that bd::compiled can hold them: a member
@@ -138,7 +140,11 @@ auto AttentionLayer<Derived, A>::forward(const Input& x, const Input& x_kv, Work
   const Input z = has_latent() ? Input(z_storage) : x_kv;
   const Input K = self().keys(z, 0, scratch.keys, ws), V = self().values(z, scratch.values, ws);
   const Matrix Kr = detail::rope_keys<A>(config(), weights(), x_kv, 0, ws);
-  return attend_and_output(x, K, V, Kr, 0, scratch, ws);
+  return attend_and_output(x, 0, scratch, ws, [&](const Input& Q, const Input& Qr) {
+    const AttentionConfig& c = config();
+    return detail::attend_heads<A>(c, Q, Qr, K, V, Kr, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim,
+                                   c.value_dim(), 0, scratch.heads_output, ws);
+  });
 }
 
 template <typename Derived, typename A>
@@ -151,7 +157,9 @@ auto AttentionLayer<Derived, A>::decode(const Input& x_new, Cache& cache, Worksp
   const Input z = has_latent() ? Input(z_storage) : x_new;
   cache.append(self().keys(z, start, scratch.keys, ws), self().values(z, scratch.values, ws),
                detail::rope_keys<A>(config(), weights(), x_new, start, ws));
-  return attend_and_output(x_new, cache.keys(), cache.values(), cache.rope_keys(), start, scratch, ws);
+  return attend_and_output(x_new, start, scratch, ws, [&](const Input& Q, const Input& Qr) {
+    return detail::attend_cache<A>(config(), Q, Qr, cache, start, scratch.heads_output, ws);
+  });
 }
 
 template <typename Derived, typename A>
@@ -236,17 +244,15 @@ auto AttentionLayer<Derived, A>::decode_absorbed(const Input& x_new, Latent& cac
 }
 
 template <typename Derived, typename A>
-auto AttentionLayer<Derived, A>::attend_and_output(const Input& x, const Input& K, const Input& V, const Input& Kr,
-                                                 Index first_position, detail::AttentionScratch<A>& scratch,
-                                                 Workspace& ws) const -> Matrix {
+template <typename Attend>
+auto AttentionLayer<Derived, A>::attend_and_output(const Input& x, Index first_position, detail::AttentionScratch<A>& scratch,
+                                                 Workspace& ws, Attend&& attend) const -> Matrix {
   const AttentionConfig& c = config();
   const Matrix xq_storage = has_lora() ? detail::lora_queries<A>(c, weights(), x, ws) : Matrix();
   const Input xq = has_lora() ? Input(xq_storage) : x;
   const Input Q = self().queries(xq, first_position, scratch.queries, ws);
   const Input Qr = detail::rope_queries<A>(c, weights(), xq, first_position, scratch.rope_queries, ws);
-  const Index n_k = K.cols() / c.head_dim, n_v = V.cols() / c.value_dim();
-  const Input O = detail::attend_heads<A>(c, Q, Qr, K, V, Kr, n_k, n_v, c.head_dim, c.value_dim(), first_position,
-                                          scratch.heads_output, ws);
+  const Input O = attend(Q, Qr);
   return self().output(O, ws);
 }
 

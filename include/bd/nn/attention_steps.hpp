@@ -155,12 +155,32 @@ Eigen::Map<MatrixA<A>> attend_latent(const AttentionConfig& c, const ConstRef<A>
       spec.values_are_keys = true;
       Eigen::Map<MatrixA<A>> O = out.take(Qt.rows(), c.n_q * dc);
       const Bf16Ref C(cache.latent_bf16()), Kr(cache.rope_keys_bf16());
-      attend_stored_bf16_into<A>(Qt, C, spec, c.rope_dim ? &Qr : nullptr, c.rope_dim ? &Kr : nullptr, O, ws);
+      attend_stored_bf16_into<A>(Qt, C, C, spec, c.rope_dim ? &Qr : nullptr, c.rope_dim ? &Kr : nullptr, O, ws);
       return O;
     }
   }
   const ConstRef<A> C(cache.latent());
   return attend_heads<A>(c, Qt, Qr, C, C, cache.rope_keys(), 1, 1, dc, dc, first_position, out, ws, true);
+}
+
+/// Every head's attention over a KVCache (MHA, GQA, MLA decoded without absorption), read where
+/// the cache holds it, in f32 or in bf16.
+template <typename A>
+Eigen::Map<MatrixA<A>> attend_cache(const AttentionConfig& c, const ConstRef<A>& Q, const ConstRef<A>& Qr,
+                                    const KVCache<A>& cache, Index first_position, ScratchMatrix<A>& out, Workspace& ws) {
+  if constexpr (std::is_same_v<A, float>) {
+    if (cache.storage() == Storage::BF16) {
+      const Bf16Ref K(cache.keys_bf16()), V(cache.values_bf16()), Kr(cache.rope_keys_bf16());
+      const AttendSpec spec =
+          head_spec(c, K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim, c.value_dim(), first_position);
+      Eigen::Map<MatrixA<A>> O = out.take(Q.rows(), c.n_q * c.value_dim());
+      attend_stored_bf16_into<A>(Q, K, V, spec, c.rope_dim ? &Qr : nullptr, c.rope_dim ? &Kr : nullptr, O, ws);
+      return O;
+    }
+  }
+  const ConstRef<A> K(cache.keys()), V(cache.values());
+  return attend_heads<A>(c, Q, Qr, K, V, cache.rope_keys(), K.cols() / c.head_dim, V.cols() / c.value_dim(), c.head_dim,
+                         c.value_dim(), first_position, out, ws);
 }
 
 /// Absorbed decoding needs keys and values read from a latent (MLA) with no vanilla RoPE on
