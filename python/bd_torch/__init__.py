@@ -190,13 +190,11 @@ class BDAttention(torch.nn.Module):
                                 rope_theta=rope_theta, **options)
 
     def new_cache(self, storage="f32"):
-        """An empty cache for decode (KV) or, for an MLA layer, prefill/decode_absorbed (latent);
-        an MLA layer's latent cache may be stored in "bf16" (half the bytes a token reads)."""
+        """An empty cache for decode (KV) or, for an MLA layer, prefill/decode_absorbed (latent),
+        stored in "f32" or "bf16" (half the bytes a token reads)."""
         if self.latent:
             return torch.classes.bd.LatentCache(storage)
-        if storage != "f32":
-            raise RuntimeError(f"bd_torch: a KV cache is stored in f32; storage {storage!r} is offered for MLA's latent cache")
-        return torch.classes.bd.KVCache()
+        return torch.classes.bd.KVCache(storage)
 
     def _each(self, x, step):
         _inference_only(x, "x")

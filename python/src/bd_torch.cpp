@@ -288,7 +288,7 @@ template <typename Cache>
 struct TokenCache : torch::CustomClassHolder {
   Cache cache;
   TokenCache() = default;
-  /// A latent cache stored in `storage` ("f32", or "bf16": half the bytes a token reads).
+  /// A cache stored in `storage` ("f32", or "bf16": half the bytes a token reads).
   explicit TokenCache(const std::string& storage) : cache(bd::parse_storage(storage)) {}
   std::int64_t length() const { return cache.length(); }
   void truncate(std::int64_t n) { cache.truncate(n); }
@@ -551,7 +551,10 @@ TORCH_LIBRARY(bd, m) {
       .def("basis", [](const c10::intrusive_ptr<Linear>& self) { return self->basis(self); })
       .def("coeff", [](const c10::intrusive_ptr<Linear>& self) { return self->coeff(self); })
       .def("basis_columns", &Linear::basis_columns);
-  m.class_<KVCache>("KVCache").def(torch::init<>()).def("length", &KVCache::length).def("truncate", &KVCache::truncate);
+  m.class_<KVCache>("KVCache")
+      .def(torch::init<std::string>())
+      .def("length", &KVCache::length)
+      .def("truncate", &KVCache::truncate);
   m.class_<LatentCache>("LatentCache")
       .def(torch::init<std::string>())
       .def("length", &LatentCache::length)

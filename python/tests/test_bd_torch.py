@@ -225,6 +225,13 @@ def test_attention_decoding_token_by_token_equals_the_whole_sequence():
         steps = torch.cat([attn.decode(x[i:i + 1], cache) for i in range(12)])
     assert cache.length() == 12
     assert max_err(steps, whole) <= 1e-5
+    # A bf16 cache: keys and values rounded once (2⁻⁹ relative), the output within a few of that.
+    with torch.no_grad():
+        cache = attn.new_cache("bf16")
+        steps = torch.cat([attn.decode(x[i:i + 1], cache) for i in range(12)])
+    assert 1e-5 < max_err(steps, whole) <= 2 ** -6 * whole.abs().max().item()
+    with pytest.raises(RuntimeError, match="f16 storage is not implemented"):
+        attn.new_cache("f16")
 
 
 def test_mla_absorbed_decoding_equals_its_prefill():
